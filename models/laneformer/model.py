@@ -1,0 +1,383 @@
+"""Laneformer: a Llama-style decoder whose hidden state has a lane axis.
+
+Every lane carries its own full residual stream (``x: [B, S, L, D]``). The
+projections are lane-batched: lane ``l`` only uses its slice of each weight
+(row linears ``wq, wk, wv, w1, w3``: ``[L, out/L, D]``; column linears ``wo,
+w2``: ``[L, D, in/L]``), so inside a block nothing crosses lanes and lane ``l``
+owns query heads ``l*H/L ...`` and the KV heads of its own GQA groups.
+Attention folds lanes into heads and runs as ordinary causal GQA.
+
+Lanes meet only in how the partial outputs ``o_m`` of a sub-block (attention
+or MLP, separately) reach the residual streams: Delayed Tensor Parallelism.
+For layer ``i`` and lane ``l``::
+
+    layers i < delay ("early"):
+        present: x_l += sum_m o_m(i)          (a normal all-reduce)
+        scaled:  x_l += sqrt(L) * o_l(i)      (no exchange at all)
+    other layers:
+        x_l += o_l(i) + sum_{m != l} o_m(i - delay)   (if layer i-delay sent)
+    final:
+        mean_of_norms: h = mean_l RMSNorm(x_l)
+        norm_of_sum:   h = RMSNorm(sum_l x_l)
+    logits = lm_head(h)
+
+Defaults, and why (all are ``Config`` fields so an exported model carries them):
+
+- ``delay=2``, ``n_lanes=8``: the published Laneformer 2B.
+- ``early_mode="present"``: the first ``delay`` layers have nothing to receive
+  yet; an all-reduce there keeps the lanes a single model from the start.
+- ``early_send_forward=False``: with a present all-reduce the early outputs of
+  the other lanes are already counted; sending them again (Kog's older code)
+  would count them twice. This is Kog's newer revision.
+- ``late_mode="drop"``: the newer revision sends nothing forward from the last
+  ``delay`` layers, whose outputs would arrive after the network ends; each
+  lane keeps its own share and the final lane aggregation merges the lanes.
+  ``"flush"`` adds the pending outputs before the final norm, ``"present"``
+  all-reduces those layers at once.
+- ``final_agg="mean_of_norms"``: every lane is normalised on its own GPU at
+  inference, so only the normalised ``[D]`` vectors need to be averaged.
+
+With ``delay=0`` every layer is an all-reduce, all lanes stay identical and
+the model equals a dense GQA/SwiGLU transformer whose weights are the lane
+slices concatenated (the tests check this).
+
+Per-layer attention windows: layers in ``window_layers`` attend within
+``window_size`` tokens (2B: layers 0-9, 2048), the rest full causal. When
+``positions`` restart at 0 (packed documents), attention stays inside each
+document.
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, and_masks, create_block_mask
+
+from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+from torchtitan.models.common.attention import (
+    FlexAttention,
+    create_attention_mask,
+    get_causal_mask_mod,
+    get_document_mask_mod,
+    get_sliding_window_mask_mod,
+)
+from torchtitan.models.common.param_init import depth_scaled_std
+from torchtitan.protocols.model import BaseModel
+from torchtitan.protocols.module import Module, ModuleDict
+
+EarlyMode = Literal["present", "scaled"]
+LateMode = Literal["drop", "flush", "present"]
+FinalAgg = Literal["mean_of_norms", "norm_of_sum"]
+# How a sub-block's partial outputs enter the residual streams at once.
+Reduce = Literal["present", "scaled", "own"]
+
+
+def _trunc_normal(std: float):
+    return lambda w: nn.init.trunc_normal_(w, std=std, a=-3 * std, b=3 * std)
+
+
+def _normal(std: float):
+    return lambda w: nn.init.normal_(w, std=std)
+
+
+class LaneLinear(Module):
+    """A lane-batched linear: lane ``l`` maps ``x[..., l, :]`` with ``weight[l]``.
+
+    Row linears (``wq, wk, wv, w1, w3``) read the full width and produce the
+    lane's share; column linears (``wo, w2``) map the share back to a full-width
+    partial output. Both are this one op with different shapes.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Module.Config):
+        n_lanes: int
+        in_features: int  # per lane
+        out_features: int  # per lane
+
+    def __init__(self, config: Config):
+        super().__init__()
+        self.weight = nn.Parameter(
+            torch.empty(config.n_lanes, config.out_features, config.in_features)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # [B, S, L, in] x [L, out, in] -> [B, S, L, out], one batched matmul over lanes.
+        B, S, L, _ = x.shape
+        y = torch.bmm(x.reshape(B * S, L, -1).transpose(0, 1), self.weight.transpose(1, 2))
+        return y.transpose(0, 1).reshape(B, S, L, -1)
+
+
+class LaneAttention(Module):
+    """GQA attention with heads split evenly over lanes; returns per-lane partial outputs."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Module.Config):
+        dim: int
+        n_lanes: int
+        n_heads: int
+        n_kv_heads: int
+        head_dim: int
+        rope: ComplexRoPE.Config
+        inner_attention: Module.Config
+        wqkv_init: dict = field(default_factory=dict)
+        wo_init: dict = field(default_factory=dict)
+
+    def __init__(self, config: Config):
+        super().__init__()
+        L, hd = config.n_lanes, config.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, hd
+
+        def lane_linear(n_in, n_out, init):
+            return LaneLinear.Config(
+                n_lanes=L, in_features=n_in, out_features=n_out, param_init=init
+            ).build()
+
+        self.wq = lane_linear(config.dim, config.n_heads * hd // L, config.wqkv_init)
+        self.wk = lane_linear(config.dim, config.n_kv_heads * hd // L, config.wqkv_init)
+        self.wv = lane_linear(config.dim, config.n_kv_heads * hd // L, config.wqkv_init)
+        self.wo = lane_linear(config.n_heads * hd // L, config.dim, config.wo_init)
+        self.rope = config.rope.build()
+        self.inner_attention = config.inner_attention.build()
+
+    def forward(self, x, attention_mask: BlockMask, positions: torch.Tensor | None):
+        B, S, L, _ = x.shape
+        # Lane-major head order: lane l owns heads [l*H/L, (l+1)*H/L), so the
+        # GQA group of every query head stays inside its lane.
+        q = self.wq(x).view(B, S, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, S, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(B, S, self.n_kv_heads, self.head_dim)
+        q, k = self.rope(q, k, positions)
+        out = self.inner_attention(
+            q, k, v, attention_masks=attention_mask, enable_gqa=self.n_heads != self.n_kv_heads
+        )
+        return self.wo(out.reshape(B, S, L, -1))
+
+
+class LaneFeedForward(Module):
+    """SwiGLU ``w2(silu(w1 x) * w3 x)`` with the hidden columns split over lanes."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Module.Config):
+        dim: int
+        n_lanes: int
+        hidden_dim: int
+        w1_init: dict = field(default_factory=dict)
+        w2w3_init: dict = field(default_factory=dict)
+
+    def __init__(self, config: Config):
+        super().__init__()
+        L, h = config.n_lanes, config.hidden_dim // config.n_lanes
+        self.w1 = LaneLinear.Config(n_lanes=L, in_features=config.dim, out_features=h, param_init=config.w1_init).build()
+        self.w3 = LaneLinear.Config(n_lanes=L, in_features=config.dim, out_features=h, param_init=config.w2w3_init).build()
+        self.w2 = LaneLinear.Config(n_lanes=L, in_features=h, out_features=config.dim, param_init=config.w2w3_init).build()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def _add_partial(x, o, reduce: Reduce, arrival, sends: bool):
+    """Add a sub-block's partial outputs ``o`` to the lanes; return (x, what to send).
+
+    ``arrival`` is the other lanes' output of the same sub-block ``delay``
+    layers back (or None); what this layer sends is the sum over the other
+    lanes of its own outputs, to be added ``delay`` layers later.
+    """
+    total = o.sum(dim=2, keepdim=True) if reduce == "present" or sends else None
+    if reduce == "present":
+        x = x + total
+    elif reduce == "scaled":
+        x = x + math.sqrt(o.shape[2]) * o
+    else:
+        x = x + o
+    if arrival is not None:
+        x = x + arrival
+    return x, (total - o if sends else None)
+
+
+class LaneBlock(Module):
+    """Pre-norm attention + SwiGLU on every lane, with this layer's exchange rule."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Module.Config):
+        attention: LaneAttention.Config
+        feed_forward: LaneFeedForward.Config
+        attention_norm: RMSNorm.Config
+        ffn_norm: RMSNorm.Config
+        reduce: Reduce = "own"
+        sends: bool = True
+        window: int | None = None
+
+    def __init__(self, config: Config):
+        super().__init__()
+        self.attention = config.attention.build()
+        self.feed_forward = config.feed_forward.build()
+        self.attention_norm = config.attention_norm.build()
+        self.ffn_norm = config.ffn_norm.build()
+        self.reduce, self.sends, self.window = config.reduce, config.sends, config.window
+
+    def forward(self, x, attn_arrival, mlp_arrival, attention_mask, positions):
+        o = self.attention(self.attention_norm(x), attention_mask, positions)
+        x, attn_send = _add_partial(x, o, self.reduce, attn_arrival, self.sends)
+        o = self.feed_forward(self.ffn_norm(x))
+        x, mlp_send = _add_partial(x, o, self.reduce, mlp_arrival, self.sends)
+        return x, attn_send, mlp_send
+
+
+class Laneformer(BaseModel):
+    """The whole model: embeddings copied to every lane, lane blocks, lane aggregation, lm_head."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseModel.Config):
+        dim: int
+        n_layers: int
+        n_heads: int
+        n_kv_heads: int
+        head_dim: int
+        ffn_hidden_dim: int
+        vocab_size: int = 32000
+        max_seq_len: int = 4096
+        rope_theta: float = 10000.0
+        norm_eps: float = 1e-5
+        n_lanes: int = 8
+        delay: int = 2
+        early_mode: EarlyMode = "present"
+        early_send_forward: bool = False
+        late_mode: LateMode = "drop"
+        final_agg: FinalAgg = "mean_of_norms"
+        window_size: int = 2048
+        window_layers: list[int] = field(default_factory=list)
+        init_std: float = 0.02
+        inner_attention: Module.Config = field(default_factory=FlexAttention.Config)
+
+        def __post_init__(self):
+            self.validate()
+
+        def validate(self) -> None:
+            """Raise ValueError naming the field when the shape cannot be built."""
+            L = self.n_lanes
+            checks = [
+                (self.n_heads % L == 0, "n_heads", f"must be divisible by n_lanes={L}"),
+                (self.n_kv_heads % L == 0, "n_kv_heads", f"must be divisible by n_lanes={L}"),
+                (self.n_heads % self.n_kv_heads == 0, "n_heads", "must be a multiple of n_kv_heads"),
+                (self.ffn_hidden_dim % L == 0, "ffn_hidden_dim", f"must be divisible by n_lanes={L}"),
+                (self.head_dim % 2 == 0, "head_dim", "must be even (complex RoPE)"),
+                (0 <= self.delay, "delay", "must be >= 0"),
+                (self.window_size >= 1, "window_size", "must be >= 1"),
+                (all(0 <= i < self.n_layers for i in self.window_layers), "window_layers",
+                 f"must be layer indices in [0, {self.n_layers})"),
+            ]
+            for ok, name, why in checks:
+                if not ok:
+                    raise ValueError(f"model.{name} {why}")
+
+        def window_of(self, layer: int) -> int | None:
+            return self.window_size if layer in self.window_layers else None
+
+        def exchange_of(self, layer: int) -> tuple[Reduce, bool]:
+            """(how layer ``layer`` adds its own outputs, whether it sends them forward)."""
+            n, d = self.n_layers, self.delay
+            if d == 0:
+                return "present", False
+            if layer < d:
+                return self.early_mode, self.early_send_forward
+            if layer >= n - d:
+                if self.late_mode == "present":
+                    return "present", False
+                return "own", self.late_mode == "flush"
+            return "own", True
+
+        def layer_config(self, layer: int) -> LaneBlock.Config:
+            reduce, sends = self.exchange_of(layer)
+            linear = {"weight": _trunc_normal(self.init_std)}
+            out = {"weight": _trunc_normal(depth_scaled_std(self.init_std, layer))}
+            norm = {"weight": nn.init.ones_}
+            return LaneBlock.Config(
+                attention=LaneAttention.Config(
+                    dim=self.dim,
+                    n_lanes=self.n_lanes,
+                    n_heads=self.n_heads,
+                    n_kv_heads=self.n_kv_heads,
+                    head_dim=self.head_dim,
+                    rope=ComplexRoPE.Config(dim=self.head_dim, max_seq_len=self.max_seq_len, theta=self.rope_theta),
+                    inner_attention=self.inner_attention,
+                    wqkv_init=linear,
+                    wo_init=out,
+                ),
+                feed_forward=LaneFeedForward.Config(
+                    dim=self.dim, n_lanes=self.n_lanes, hidden_dim=self.ffn_hidden_dim,
+                    w1_init=linear, w2w3_init=out,
+                ),
+                attention_norm=RMSNorm.Config(normalized_shape=self.dim, eps=self.norm_eps, param_init=norm),
+                ffn_norm=RMSNorm.Config(normalized_shape=self.dim, eps=self.norm_eps, param_init=norm),
+                reduce=reduce,
+                sends=sends,
+                window=self.window_of(layer),
+            )
+
+        def update_from_config(self, *, config, **kwargs) -> None:
+            """Take the training sequence length from the trainer's config."""
+            seq_len = config.training.seq_len
+            if seq_len > self.max_seq_len:
+                raise ValueError(
+                    f"training.seq_len ({seq_len}) exceeds model.max_seq_len ({self.max_seq_len})"
+                )
+            if config.parallelism.tensor_parallel_degree > 1 or config.parallelism.pipeline_parallel_degree > 1:
+                raise ValueError("Laneformer trains with FSDP only: lanes are its tensor axis")
+
+        def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
+            from .flops import nparams_and_flops_per_token
+
+            return nparams_and_flops_per_token(self, model, seq_len)
+
+    def __init__(self, config: Config):
+        super().__init__()
+        self.config = config
+        self.enable_weight_tying = False  # read by torchtitan's FSDP wrapper
+        self.tok_embeddings = Embedding.Config(
+            num_embeddings=config.vocab_size, embedding_dim=config.dim,
+            param_init={"weight": _normal(1.0)},
+        ).build()
+        self.layers = ModuleDict({str(i): config.layer_config(i).build() for i in range(config.n_layers)})
+        self.norm = RMSNorm.Config(
+            normalized_shape=config.dim, eps=config.norm_eps, param_init={"weight": nn.init.ones_}
+        ).build()
+        self.lm_head = Linear.Config(
+            in_features=config.dim, out_features=config.vocab_size, bias=False,
+            param_init={"weight": _trunc_normal(config.dim**-0.5)},
+        ).build()
+
+    def attention_masks(self, tokens: torch.Tensor, positions: torch.Tensor | None) -> dict:
+        """One mask per distinct window: causal, within documents when positions restart."""
+        B, S = tokens.shape
+        base = [get_causal_mask_mod()]
+        if positions is not None:
+            base.append(get_document_mask_mod(positions))
+        build = create_attention_mask if tokens.is_cuda else create_block_mask
+        masks = {}
+        for window in {layer.window for layer in self.layers.values()}:
+            mods = base + ([get_sliding_window_mask_mod(window)] if window else [])
+            masks[window] = build(and_masks(*mods), B, None, S, S, device=tokens.device)
+        return masks
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        cfg = self.config
+        masks = self.attention_masks(tokens, positions)
+        h = self.tok_embeddings(tokens)
+        x = h.unsqueeze(2).expand(-1, -1, cfg.n_lanes, -1)
+        # in_flight[i] holds what layer i sent: (attention, mlp) sums over the other lanes.
+        in_flight: dict[int, tuple] = {}
+        for i, layer in enumerate(self.layers.values()):
+            arrival = in_flight.pop(i - cfg.delay, (None, None)) if cfg.delay else (None, None)
+            x, attn_send, mlp_send = layer(x, arrival[0], arrival[1], masks[layer.window], positions)
+            if attn_send is not None:
+                in_flight[i] = (attn_send, mlp_send)
+        for attn_send, mlp_send in in_flight.values():  # late_mode="flush"
+            x = x + attn_send + mlp_send
+        if cfg.final_agg == "mean_of_norms":
+            h = self.norm(x).mean(dim=2)
+        else:
+            h = self.norm(x.sum(dim=2))
+        return self.lm_head(h)
