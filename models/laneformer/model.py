@@ -146,9 +146,9 @@ class LaneAttention(Module):
         B, S, L, _ = x.shape
         # Lane-major head order: lane l owns heads [l*H/L, (l+1)*H/L), so the
         # GQA group of every query head stays inside its lane.
-        q = self.wq(x).view(B, S, self.n_heads, self.head_dim)
-        k = self.wk(x).view(B, S, self.n_kv_heads, self.head_dim)
-        v = self.wv(x).view(B, S, self.n_kv_heads, self.head_dim)
+        q = self.wq(x).reshape(B, S, self.n_heads, self.head_dim)
+        k = self.wk(x).reshape(B, S, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).reshape(B, S, self.n_kv_heads, self.head_dim)
         q, k = self.rope(q, k, positions)
         out = self.inner_attention(
             q, k, v, attention_masks=attention_mask, enable_gqa=self.n_heads != self.n_kv_heads
