@@ -1,0 +1,401 @@
+"""The recipe: one TOML file per run, typed, validated before anything starts.
+
+A recipe has the tables below. Every key is checked against its declared
+type; unknown keys, wrong types and impossible values raise ``RecipeError``
+naming the file, the table and the key (and the closest valid key on a typo).
+``--set table.key=value`` overrides go through the same checks.
+
+Sizes may be given in steps or in tokens (``total_tokens`` / ``steps``,
+``global_batch`` / ``global_batch_tokens``, ``warmup_steps`` /
+``warmup_tokens``): exactly one of each pair, resolved by ``resolve()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPES = REPO / "recipes"
+
+
+class RecipeError(ValueError):
+    """A recipe problem, with the file, table and key it is about."""
+
+
+@dataclass(kw_only=True)
+class Run:
+    name: str
+    output_dir: str | None = None  # default: runs/<name> in the repo
+    seed: int = 0
+    deterministic: bool = False  # bitwise-reproducible kernels (slower)
+
+
+@dataclass(kw_only=True)
+class Model:
+    flavor: str
+    # Any Laneformer.Config field may be overridden here (checked against the model).
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class Source:
+    name: str
+    path: str  # a tokenized source dir (data.tokenize output), relative to the repo
+    hub_id: str | None = None  # where the text comes from, for data.tokenize
+    subset: str | None = None
+    weight: float | None = None  # share of the mixture ...
+    tokens: int | None = None  # ... or a token budget for this phase
+    max_epochs: float = 1.0  # how many times the source may be repeated
+
+
+@dataclass(kw_only=True)
+class Data:
+    tokenizer: str  # the SentencePiece .model the shards were made with
+    sources: list[Source] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class Optimizer:
+    lr: float
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    # No decay for norms and embeddings (regex over parameter names).
+    no_decay: list[str] = field(default_factory=lambda: [r"norm\.weight$", r"tok_embeddings\."])
+
+
+@dataclass(kw_only=True)
+class Schedule:
+    warmup_steps: int | None = None
+    warmup_tokens: int | None = None
+    decay_fraction: float = 0.2  # WSD: the last fraction of steps decays
+    decay_shape: Literal["linear", "sqrt", "cosine"] = "linear"
+    min_lr_ratio: float = 0.0  # final lr = lr * min_lr_ratio
+
+
+@dataclass(kw_only=True)
+class Training:
+    seq_len: int
+    global_batch: int | None = None  # sequences per optimizer step
+    global_batch_tokens: int | None = None
+    micro_batch: int = 1  # sequences per rank per forward
+    total_tokens: int | None = None
+    steps: int | None = None
+    skip_spikes: bool = True  # skip the step on a non-finite or spiking loss / grad norm
+    spike_sigmas: float = 6.0
+    spike_window: int = 100
+
+
+@dataclass(kw_only=True)
+class Parallel:
+    shard: int = -1  # FSDP shard degree; -1: all ranks not used by replicate
+    replicate: int = 1  # HSDP replicate degree
+    compile: bool = False
+    activation_checkpoint: Literal["none", "selective", "full"] = "none"
+    param_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    reduce_dtype: Literal["float32"] = "float32"
+
+
+@dataclass(kw_only=True)
+class Checkpoint:
+    interval: int = 1000
+    keep_last: int = 3
+    async_save: bool = False
+    milestones: list[int] = field(default_factory=list)  # steps kept forever
+    init_from: str | None = None  # a run dir, checkpoint dir or HF export to start from
+    init_weights_only: bool = True  # start fresh optimizer and step counter from init_from
+
+
+@dataclass(kw_only=True)
+class Logging:
+    interval: int = 10
+    tensorboard: bool = True
+    wandb_project: str | None = None
+    wandb_mode: Literal["online", "offline", "disabled"] = "offline"
+
+
+@dataclass(kw_only=True)
+class Recipe:
+    run: Run
+    model: Model
+    data: Data
+    optimizer: Optimizer
+    training: Training
+    schedule: Schedule = field(default_factory=Schedule)
+    parallel: Parallel = field(default_factory=Parallel)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    logging: Logging = field(default_factory=Logging)
+    path: str = ""  # the file it came from
+
+    @property
+    def output_dir(self) -> Path:
+        out = self.run.output_dir or f"runs/{self.run.name}"
+        return (REPO / out).resolve()
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.training.global_batch * self.training.seq_len
+
+
+TABLES = {k: v for k, v in typing.get_type_hints(Recipe).items() if k != "path"}
+
+
+def find(name: str) -> Path:
+    """A recipe path; a bare name is looked up in ``recipes/``."""
+    path = Path(name)
+    if not path.exists() and not path.is_absolute() and len(path.parts) == 1:
+        candidate = RECIPES / (name if name.endswith(".toml") else name + ".toml")
+        if candidate.exists():
+            return candidate
+    if not path.exists():
+        raise RecipeError(f"{name}: recipe file not found (also looked in {RECIPES})")
+    return path
+
+
+def load(name: str, overrides: list[str] = ()) -> Recipe:
+    """Read, override (``table.key=value``), check and resolve a recipe."""
+    path = find(name)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise RecipeError(f"{path}: not valid TOML: {e}") from e
+    for item in overrides:
+        _apply_override(raw, item, path)
+    recipe = _parse(raw, path)
+    resolve(recipe)
+    return recipe
+
+
+def _apply_override(raw: dict, item: str, path: Path) -> None:
+    key, sep, text = item.partition("=")
+    parts = key.strip().split(".")
+    if not sep or len(parts) < 2:
+        raise RecipeError(f"--set {item!r}: expected table.key=value")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text  # a bare string
+    table = raw
+    for part in parts[:-1]:
+        table = table.setdefault(part, {})
+    table[parts[-1]] = value
+
+
+def _parse(raw: dict, path: Path) -> Recipe:
+    _check_keys(raw, TABLES, path, "recipe")
+    values = {}
+    for name, cls in TABLES.items():
+        if name not in raw:
+            if _has_default(Recipe, name):
+                continue
+            raise RecipeError(f"{path}: missing table [{name}]")
+        if not isinstance(raw[name], dict):
+            raise RecipeError(f"{path}: [{name}] must be a table")
+        values[name] = _parse_table(cls, raw[name], path, name)
+    return Recipe(**values, path=str(path))
+
+
+def _parse_table(cls, table: dict, path: Path, where: str):
+    if cls is Model:  # flavor plus free-form overrides, checked against the model later
+        if "flavor" not in table:
+            raise RecipeError(f"{path}: [model] missing key 'flavor'")
+        flavor = _check_value(table["flavor"], str, path, where, "flavor")
+        return Model(flavor=flavor, overrides={k: v for k, v in table.items() if k != "flavor"})
+    hints = typing.get_type_hints(cls)
+    _check_keys(table, hints, path, f"[{where}]")
+    values = {}
+    for name, tp in hints.items():
+        if name not in table:
+            if not _has_default(cls, name):
+                raise RecipeError(f"{path}: [{where}] missing key '{name}'")
+            continue
+        values[name] = _check_value(table[name], tp, path, where, name)
+    return cls(**values)
+
+
+def _check_keys(table: dict, valid, path: Path, where: str) -> None:
+    for key in table:
+        if key not in valid:
+            close = difflib.get_close_matches(key, list(valid), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(valid)}"
+            raise RecipeError(f"{path}: {where} has unknown key '{key}'{hint}")
+
+
+def _check_value(value, tp, path: Path, where: str, key: str):
+    """``value`` checked (and lightly converted: int -> float) against type ``tp``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    bad = RecipeError(f"{path}: [{where}] {key}: expected {_type_name(tp)}, got {value!r}")
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _check_value(value, arg, path, where, key)
+            except RecipeError:
+                pass
+        raise bad
+    if origin is Literal:
+        if value not in args:
+            raise RecipeError(f"{path}: [{where}] {key}: must be one of {list(args)}, got {value!r}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise bad
+        return [_check_value(v, args[0], path, where, f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad
+        return _parse_table(tp, value, path, f"{where}.{key}")
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is int and isinstance(value, float) and value.is_integer() and abs(value) >= 1e6:
+        return int(value)  # 4e12 tokens written as a float
+    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+        raise bad
+    return value
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _has_default(cls, name: str) -> bool:
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+
+
+def resolve(recipe: Recipe) -> None:
+    """Turn token-denominated sizes into steps and check values that must hold together."""
+    p = recipe.path
+    t, s, o = recipe.training, recipe.schedule, recipe.optimizer
+
+    def fail(where: str, why: str):
+        raise RecipeError(f"{p}: [{where}] {why}")
+
+    def one_of(table: str, a: str, b: str, obj) -> None:
+        if (getattr(obj, a) is None) == (getattr(obj, b) is None):
+            fail(table, f"give exactly one of '{a}' and '{b}'")
+
+    one_of("training", "global_batch", "global_batch_tokens", t)
+    one_of("training", "steps", "total_tokens", t)
+    for name in ("seq_len", "micro_batch"):
+        if getattr(t, name) <= 0:
+            fail("training", f"{name}: must be > 0 (got {getattr(t, name)})")
+    if t.global_batch is None:
+        if t.global_batch_tokens % t.seq_len:
+            fail("training", f"global_batch_tokens: {t.global_batch_tokens} is not a multiple of seq_len {t.seq_len}")
+        t.global_batch = t.global_batch_tokens // t.seq_len
+    t.global_batch_tokens = t.global_batch * t.seq_len
+    if t.global_batch <= 0:
+        fail("training", f"global_batch: must be > 0 (got {t.global_batch})")
+    if t.global_batch % t.micro_batch:
+        fail("training", f"global_batch: {t.global_batch} is not divisible by micro_batch {t.micro_batch}")
+    if t.steps is None:
+        t.steps = math.ceil(t.total_tokens / t.global_batch_tokens)
+    t.total_tokens = t.steps * t.global_batch_tokens
+    if t.steps <= 0:
+        fail("training", f"steps: must be > 0 (got {t.steps})")
+    if t.spike_sigmas <= 0 or t.spike_window < 2:
+        fail("training", "spike_sigmas must be > 0 and spike_window >= 2")
+
+    if o.lr <= 0:
+        fail("optimizer", f"lr: must be > 0 (got {o.lr})")
+    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
+        fail("optimizer", f"betas: must be two numbers in [0, 1) (got {o.betas})")
+    if o.eps <= 0 or o.weight_decay < 0 or o.grad_clip <= 0:
+        fail("optimizer", "eps and grad_clip must be > 0, weight_decay >= 0")
+
+    if s.warmup_steps is None and s.warmup_tokens is None:
+        s.warmup_steps = 0
+    elif s.warmup_steps is not None and s.warmup_tokens is not None:
+        fail("schedule", "give at most one of 'warmup_steps' and 'warmup_tokens'")
+    elif s.warmup_steps is None:
+        s.warmup_steps = math.ceil(s.warmup_tokens / t.global_batch_tokens)
+    if s.warmup_steps < 0:
+        fail("schedule", f"warmup_steps: must be >= 0 (got {s.warmup_steps})")
+    if not 0 <= s.decay_fraction <= 1:
+        fail("schedule", f"decay_fraction: must be in [0, 1] (got {s.decay_fraction})")
+    if s.warmup_steps + round(s.decay_fraction * t.steps) > t.steps:
+        fail("schedule", f"warmup ({s.warmup_steps}) and decay ({s.decay_fraction} of {t.steps}) exceed the run")
+    if not 0 <= s.min_lr_ratio <= 1:
+        fail("schedule", f"min_lr_ratio: must be in [0, 1] (got {s.min_lr_ratio})")
+
+    c = recipe.checkpoint
+    if c.interval <= 0 or c.keep_last < 0:
+        fail("checkpoint", "interval must be > 0 and keep_last >= 0")
+    if recipe.logging.interval <= 0:
+        fail("logging", f"interval: must be > 0 (got {recipe.logging.interval})")
+    if recipe.parallel.replicate < 1 or recipe.parallel.shard == 0 or recipe.parallel.shard < -1:
+        fail("parallel", "replicate must be >= 1 and shard >= 1 or -1")
+
+    for i, src in enumerate(recipe.data.sources):
+        where = f"data.sources[{i}] ({src.name})"
+        if (src.weight is None) == (src.tokens is None):
+            fail(where, "give exactly one of 'weight' and 'tokens'")
+        if src.weight is not None and src.weight < 0:
+            fail(where, f"weight: must be >= 0 (got {src.weight})")
+        if src.tokens is not None and src.tokens <= 0:
+            fail(where, f"tokens: must be > 0 (got {src.tokens})")
+        if src.max_epochs <= 0:
+            fail(where, f"max_epochs: must be > 0 (got {src.max_epochs})")
+
+
+def check_world(recipe: Recipe, world_size: int) -> int:
+    """The data-parallel degree on ``world_size`` ranks; checks the batch divides."""
+    par, t = recipe.parallel, recipe.training
+    shard = par.shard if par.shard != -1 else world_size // par.replicate
+    if shard * par.replicate != world_size:
+        raise RecipeError(
+            f"{recipe.path}: [parallel] shard ({par.shard}) x replicate ({par.replicate}) "
+            f"does not match {world_size} ranks"
+        )
+    dp = shard * par.replicate
+    if t.global_batch % (t.micro_batch * dp):
+        raise RecipeError(
+            f"{recipe.path}: [training] global_batch ({t.global_batch}) is not divisible by "
+            f"micro_batch ({t.micro_batch}) x data-parallel size ({dp})"
+        )
+    return dp
+
+
+DERIVED = {("training", "global_batch_tokens"), ("training", "total_tokens"), ("schedule", "warmup_tokens")}
+
+
+def to_toml(recipe: Recipe) -> str:
+    """The resolved recipe as TOML (what ``--print-config`` shows and the run dir keeps)."""
+    lines = [f"# resolved from {recipe.path}"]
+    for name in TABLES:
+        table = getattr(recipe, name)
+        values = dataclasses.asdict(table)
+        if name == "model":
+            values = {"flavor": table.flavor, **table.overrides}
+        sources = values.pop("sources", None)
+        lines.append(f"\n[{name}]")
+        for k, v in values.items():
+            if v is not None:  # sizes derived by resolve() are kept as comments
+                lines.append(("# " if (name, k) in DERIVED else "") + f"{k} = {_toml_value(v)}")
+        for src in sources or []:
+            lines.append(f"\n[[{name}.sources]]")
+            lines += [f"{k} = {_toml_value(v)}" for k, v in src.items() if v is not None]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return repr(v)
