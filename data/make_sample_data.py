@@ -1,0 +1,64 @@
+"""Build the bundled sample dataset for tiny CPU recipes: assets/sample_data/{prose,code}.
+
+    python -m data.make_sample_data [--out assets/sample_data] [--code-bytes 1500000]
+
+Two sources from data.sample_corpus (prose: license texts and Python doc
+topics; code: CPython stdlib modules), tokenized with the tiny tokenizer
+through the same datatrove pipeline as real data (data.tokenize, 2 tasks each).
+About 1.5 MB in all. The datatrove logs are removed afterwards: they hold
+machine-specific paths and timestamps and are not needed to read the shards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from data import tokenize
+from data.sample_corpus import code_documents, prose_documents
+from data.tokenizer import TINY_TOKENIZER
+
+SOURCES = {
+    "prose": ("license texts (/usr/share/common-licenses) and pydoc_data topics", lambda a: prose_documents()),
+    "code": ("CPython standard library modules, sorted by path", lambda a: code_documents(a.code_bytes, max_file_bytes=40_000)),
+}
+
+
+def build(out: Path, code_bytes: int = 1_500_000, tasks: int = 2) -> dict:
+    manifests = {}
+    args = argparse.Namespace(code_bytes=code_bytes)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (what, documents) in SOURCES.items():
+            docs = documents(args)
+            raw = Path(tmp) / name
+            raw.mkdir()
+            for part in range(tasks):  # one input file per task: JsonlReader splits by file
+                with open(raw / f"part{part}.jsonl", "w") as f:
+                    for doc_id, text in docs[part::tasks]:
+                        f.write(json.dumps({"id": doc_id, "text": text}) + "\n")
+            dest = out / name
+            shutil.rmtree(dest, ignore_errors=True)
+            desc = {"kind": "sample_corpus", "source": name, "contents": what, "documents": len(docs),
+                    "regenerate": "python -m data.make_sample_data"}
+            manifests[name] = tokenize.run(str(raw), dest, TINY_TOKENIZER, tasks=tasks, description=desc)
+            shutil.rmtree(dest / "logs")
+            for meta in dest.glob("*.ds.metadata"):  # first line names the (deleted) logs/tokenizer.json
+                lines = meta.read_text().split("\n")
+                meta.write_text("\n".join(["assets/tokenizer/tokenizer.json|" + lines[0].rsplit("|", 1)[1]] + lines[1:]))
+    return manifests
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("assets/sample_data"))
+    p.add_argument("--code-bytes", type=int, default=1_500_000)
+    a = p.parse_args()
+    for name, m in build(a.out, a.code_bytes).items():
+        print(f"{a.out / name}: {m['num_documents']} documents, {m['num_tokens']:,} tokens")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+"""Deterministic weighted mixture of tokenized sources, packed into fixed-length samples.
+
+Global sample i (seq_len + 1 tokens) is a pure function of (sources, seed, seq_len, i):
+
+1. Schedule: i -> (source s, k-th sample of s). Within each block of `period`
+   consecutive indices every source gets a fixed count (largest-remainder
+   rounding of weight * period), spread evenly over the block (smooth weighted
+   round robin: a source's j-th slot sits at time (j + 0.5) / count). Realized
+   shares therefore match the weights to within 1/period plus one sample per
+   source over any prefix, and the lookup is O(1).
+2. Stream: source s is read as an endless stream of its documents, epoch after
+   epoch, each epoch a permutation of all documents seeded by
+   (seed, source name, epoch). Sample k of s is the stream window
+   [k * seq_len, k * seq_len + seq_len + 1): windows overlap by one token, so
+   every token is a label exactly once and documents are packed and cut freely.
+
+Because a sample depends only on its index, data-parallel rank r of W reads
+global indices ``next_index + r * (B // W) + j`` (MixtureLoader) and a run can
+resume on any world size: the state is one integer, the next global index
+(per-source consumed tokens are derived from it, for logging).
+
+Each sample has input_ids, labels (shifted by one) and positions, which restart
+at 0 at every document start (and at the start of the sample), so attention
+masks can be built per document and RoPE never sees a position >= seq_len.
+Labels are not masked: the EOS -> next BOS label is left in (it is trivial).
+
+Memory per source: 4 bytes per document (lengths) plus 4-8 bytes per document
+per cached epoch (the permutation) and small checkpoint arrays (every
+_CKPT-th prefix sum); tokens are read through numpy memmaps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from data.shards import ShardError, TokenizedSource, open_source
+
+_CKPT = 64  # one stored prefix sum every _CKPT documents
+DEFAULT_PERIOD = 1 << 16
+
+
+class MixtureError(ValueError):
+    """The mixture cannot be read as configured (weights, budgets, epochs, exhausted source)."""
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One source: a directory made by data.tokenize, with a weight OR a token budget.
+
+    weight: relative share of samples. tokens: absolute budget of training tokens
+    (its share is tokens / total planned tokens). max_epochs: how many passes
+    over the source's tokens the plan may use (fractions allowed).
+    """
+
+    name: str
+    path: str | Path
+    weight: float | None = None
+    tokens: int | None = None
+    max_epochs: float = 1.0
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    name: str
+    path: str
+    share: float  # realized fraction of samples (count per period / period)
+    available_tokens: int
+    documents: int
+    planned_tokens: int | None  # stream tokens the planned run reads (None: no total given)
+    epochs: float | None  # planned_tokens / available_tokens
+
+
+def _seed_key(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+
+
+def _allocate(shares: np.ndarray, period: int) -> np.ndarray:
+    """Integer counts per source summing to period, largest-remainder rounding of shares * period."""
+    exact = shares * period
+    counts = np.floor(exact).astype(np.int64)
+    assert 0 <= period - counts.sum() <= len(shares), "shares must sum to 1"
+    order = np.lexsort((np.arange(len(shares)), -(exact - counts)))  # largest remainder first, ties by index
+    counts[order[: period - counts.sum()]] += 1
+    return counts
+
+
+def _interleave(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Slot -> source and slot -> index within the source, for one block (smooth round robin)."""
+    src = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+    rank = np.concatenate([np.arange(c, dtype=np.int64) for c in counts])
+    times = (rank + 0.5) / np.maximum(counts, 1)[src]
+    order = np.lexsort((src, times))
+    return src[order], rank[order]
+
+
+class SourceStream:
+    """A source's documents as an endless stream, one seeded permutation per epoch."""
+
+    def __init__(self, source: TokenizedSource, name: str, seed: int, max_epochs: float | None):
+        self.source, self.name, self.max_epochs = source, name, max_epochs
+        self.shards = [s.tokens for s in source.shards]
+        self.shard_offsets = np.cumsum([0] + [s.num_tokens for s in source.shards], dtype=np.int64)
+        lens = np.concatenate([np.diff(s.doc_ends.astype(np.int64), prepend=0) for s in source.shards])
+        if lens.max() >= 2**32:
+            raise ShardError(f"{source.path}: a document has >= 2**32 tokens")
+        self.lens = lens.astype(np.uint32)
+        self.num_docs = len(self.lens)
+        self.num_tokens = int(self.shard_offsets[-1])
+        self.starts_ckpt = self._ckpt(self.lens)  # global start of document j * _CKPT
+        self._key = [seed, _seed_key(name)]
+        self._epochs: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+
+    @staticmethod
+    def _ckpt(lens: np.ndarray) -> np.ndarray:
+        pad = -len(lens) % _CKPT
+        blocks = np.concatenate([lens, np.zeros(pad, lens.dtype)]).reshape(-1, _CKPT).sum(1, dtype=np.int64)
+        return np.concatenate([[0], np.cumsum(blocks)])
+
+    def epoch(self, e: int) -> tuple[np.ndarray, np.ndarray]:
+        """(permutation of documents, stream offset of every _CKPT-th permuted document)."""
+        if e not in self._epochs:
+            perm = np.arange(self.num_docs, dtype=np.uint32 if self.num_docs < 2**32 else np.uint64)
+            np.random.default_rng(self._key + [e]).shuffle(perm)
+            self._epochs[e] = (perm, self._ckpt(self.lens[perm]))
+            while len(self._epochs) > 2:  # readers move forward: keep current and previous
+                self._epochs.popitem(last=False)
+        self._epochs.move_to_end(e)
+        return self._epochs[e]
+
+    def doc_start(self, d: int) -> int:
+        base = d - d % _CKPT
+        return int(self.starts_ckpt[d // _CKPT]) + int(self.lens[base:d].sum(dtype=np.int64))
+
+    def read(self, a: int, n: int, out: np.ndarray, doc_start: np.ndarray) -> None:
+        """Fill out[:n] with stream tokens [a, a + n); doc_start[j] = True where a document begins."""
+        if self.max_epochs is not None and a + n > self.max_epochs * self.num_tokens:
+            raise MixtureError(f"source {self.name!r} ({self.source.path}) exhausted: reading token {a + n} of its "
+                               f"stream needs more than max_epochs={self.max_epochs} x {self.num_tokens} tokens")
+        doc_start[:n] = False
+        filled = 0
+        while filled < n:
+            e, o = divmod(a + filled, self.num_tokens)
+            perm, ckpt = self.epoch(e)
+            c = int(np.searchsorted(ckpt, o, side="right")) - 1
+            block_ends = ckpt[c] + np.cumsum(self.lens[perm[c * _CKPT : (c + 1) * _CKPT]], dtype=np.int64)
+            i = int(np.searchsorted(block_ends, o, side="right"))
+            j = c * _CKPT + i
+            off = o - (int(block_ends[i]) - int(self.lens[perm[j]]))  # offset inside document perm[j]
+            while filled < n and j < self.num_docs:
+                d = int(perm[j])
+                take = min(int(self.lens[d]) - off, n - filled)
+                g = self.doc_start(d) + off
+                s = int(np.searchsorted(self.shard_offsets, g, side="right")) - 1
+                local = g - int(self.shard_offsets[s])
+                out[filled : filled + take] = self.shards[s][local : local + take]
+                doc_start[filled] = off == 0
+                filled += take
+                off = 0
+                j += 1
+
+
+@dataclass
+class Mixture:
+    """Validated sources plus the schedule; ``batch(indices)`` materializes global samples.
+
+    expected_fingerprint / expected_vocab_size: the training tokenizer's
+    (data.tokenizer.Tokenizer.fingerprint / vocab_size); shards made with
+    another tokenizer are refused. total_samples (steps * global batch), when
+    given, lets the plan check every source against its max_epochs up front.
+    """
+
+    sources: list[SourceSpec]
+    seq_len: int
+    seed: int = 0
+    expected_fingerprint: str | None = None
+    expected_vocab_size: int | None = None
+    total_samples: int | None = None
+    period: int = DEFAULT_PERIOD
+    plan: list[SourcePlan] = field(init=False)
+
+    def __post_init__(self):
+        if self.seq_len < 1:
+            raise MixtureError(f"seq_len must be >= 1, got {self.seq_len}")
+        self.sources = [s if isinstance(s, SourceSpec) else SourceSpec(**s) for s in self.sources]
+        self._check_specs()
+        opened = [open_source(s.path, self.expected_fingerprint, self.expected_vocab_size) for s in self.sources]
+        shares = self._shares()
+        self.counts = _allocate(shares, self.period)
+        starved = [s.name for s, w, c in zip(self.sources, shares, self.counts) if w > 0 and c == 0]
+        if starved:
+            raise MixtureError(f"sources {starved} get no sample per {self.period}: raise `period`")
+        self.slot_source, self.slot_rank = _interleave(self.counts)
+        self.streams = [SourceStream(src, spec.name, self.seed, spec.max_epochs)
+                        for spec, src in zip(self.sources, opened)]
+        self.plan = self._plan(opened)
+        over = [(p, s) for p, s in zip(self.plan, self.sources) if p.epochs is not None and p.epochs > s.max_epochs]
+        if over:
+            raise MixtureError("planned reading exceeds max_epochs: " + "; ".join(
+                f"{p.name} ({p.path}): {p.planned_tokens:,} planned tokens / {p.available_tokens:,} available = "
+                f"{p.epochs:.3f} epochs > max_epochs={s.max_epochs}" for p, s in over))
+
+    def _check_specs(self) -> None:
+        if not self.sources:
+            raise MixtureError("no sources")
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise MixtureError(f"source names must be unique: {names}")
+        for s in self.sources:
+            if (s.weight is None) == (s.tokens is None):
+                raise MixtureError(f"source {s.name!r} ({s.path}): give exactly one of weight or tokens")
+            if s.weight is not None and not (math.isfinite(s.weight) and s.weight >= 0):
+                raise MixtureError(f"source {s.name!r} ({s.path}): weight must be finite and >= 0, got {s.weight}")
+            if s.tokens is not None and s.tokens <= 0:
+                raise MixtureError(f"source {s.name!r} ({s.path}): token budget must be > 0, got {s.tokens}")
+            if not s.max_epochs > 0:
+                raise MixtureError(f"source {s.name!r} ({s.path}): max_epochs must be > 0, got {s.max_epochs}")
+
+    def _shares(self) -> np.ndarray:
+        budgets = np.array([s.tokens or 0 for s in self.sources], dtype=np.float64)
+        weights = np.array([s.weight or 0.0 for s in self.sources], dtype=np.float64)
+        has_weights = any(s.weight is not None for s in self.sources)
+        if has_weights and weights.sum() <= 0:
+            raise MixtureError(f"weights sum to zero: {[(s.name, s.weight) for s in self.sources]}")
+        if budgets.sum() == 0:
+            return weights / weights.sum()
+        if not has_weights:  # budgets only: they act as weights, and their sum is the plan by default
+            if self.total_samples is None:
+                self.total_samples = math.ceil(budgets.sum() / self.seq_len)
+            return budgets / budgets.sum()
+        if self.total_samples is None:
+            raise MixtureError("token budgets mixed with weights need total_samples")
+        total = self.total_samples * self.seq_len
+        if budgets.sum() > total:
+            raise MixtureError(f"token budgets sum to {int(budgets.sum())} > {total} planned tokens")
+        return budgets / total + (1.0 - budgets.sum() / total) * weights / weights.sum()
+
+    def _plan(self, opened: list[TokenizedSource]) -> list[SourcePlan]:
+        per_source = self.samples_per_source(self.total_samples) if self.total_samples else None
+        plans = []
+        for i, (spec, src) in enumerate(zip(self.sources, opened)):
+            planned = None if per_source is None else int(per_source[i]) * self.seq_len + int(per_source[i] > 0)
+            plans.append(SourcePlan(spec.name, str(spec.path), float(self.counts[i] / self.period), src.num_tokens,
+                                    src.num_documents, planned,
+                                    None if planned is None else planned / src.num_tokens))
+        return plans
+
+    def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
+        """Global sample indices -> (source, sample index within that source)."""
+        block, slot = np.divmod(np.asarray(indices, dtype=np.int64), self.period)
+        src = self.slot_source[slot]
+        return src, block * self.counts[src] + self.slot_rank[slot]
+
+    def samples_per_source(self, n: int) -> np.ndarray:
+        """How many of the global samples [0, n) each source provides."""
+        block, slot = divmod(int(n), self.period)
+        return block * self.counts + np.bincount(self.slot_source[:slot], minlength=len(self.sources))
+
+    def consumed_tokens(self, n: int) -> dict[str, int]:
+        """Label tokens each source contributed to global samples [0, n) (for logging)."""
+        return {s.name: int(c) * self.seq_len for s, c in zip(self.sources, self.samples_per_source(n))}
+
+    def batch(self, indices) -> dict[str, np.ndarray]:
+        """Samples for global indices: input_ids, labels, positions [B, seq_len] int64; source [B]."""
+        indices = np.asarray(indices, dtype=np.int64)
+        src, k = self.locate(indices)
+        L = self.seq_len
+        window = np.empty((len(indices), L + 1), dtype=np.int64)
+        starts = np.empty((len(indices), L + 1), dtype=bool)
+        for b in range(len(indices)):
+            self.streams[src[b]].read(int(k[b]) * L, L + 1, window[b], starts[b])
+        idx = np.broadcast_to(np.arange(L), (len(indices), L))
+        seg = np.maximum.accumulate(np.where(starts[:, :L], idx, 0), axis=1)
+        return {"input_ids": np.ascontiguousarray(window[:, :L]), "labels": np.ascontiguousarray(window[:, 1:]),
+                "positions": idx - seg, "source": src}
+
+    def describe(self) -> str:
+        lines = [f"mixture: seq_len={self.seq_len} seed={self.seed} total_samples={self.total_samples}"]
+        for p in self.plan:
+            planned = "" if p.planned_tokens is None else f", plan {p.planned_tokens:,} tokens = {p.epochs:.3f} epochs"
+            lines.append(f"  {p.name}: share {p.share:.4f}, {p.available_tokens:,} tokens / {p.documents:,} docs"
+                         f"{planned} ({p.path})")
+        return "\n".join(lines)
+
+
+class MixtureLoader:
+    """One data-parallel rank's batches: rank r reads global indices next + r * B/W + j."""
+
+    def __init__(self, mixture: Mixture, global_batch_size: int, rank: int = 0, world_size: int = 1,
+                 next_index: int = 0):
+        if global_batch_size % world_size:
+            raise MixtureError(f"global batch {global_batch_size} is not divisible by world size {world_size}")
+        if not 0 <= rank < world_size:
+            raise MixtureError(f"rank {rank} outside world size {world_size}")
+        self.mixture, self.global_batch_size, self.rank, self.world_size = mixture, global_batch_size, rank, world_size
+        self.local_batch_size = global_batch_size // world_size
+        self.next_index = next_index
+
+    def indices(self) -> np.ndarray:
+        """Global sample indices of this rank's next batch."""
+        first = self.next_index + self.rank * self.local_batch_size
+        return np.arange(first, first + self.local_batch_size, dtype=np.int64)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        batch = self.mixture.batch(self.indices())
+        self.next_index += self.global_batch_size
+        return batch
+
+    def state_dict(self) -> dict:
+        """The same on every rank: resumable on any world size."""
+        m = self.mixture
+        return {"next_index": self.next_index, "seq_len": m.seq_len, "seed": m.seed,
+                "consumed_tokens": m.consumed_tokens(self.next_index)}
+
+    def load_state_dict(self, state: dict) -> None:
+        m = self.mixture
+        if state["seq_len"] != m.seq_len or state["seed"] != m.seed:
+            raise MixtureError(f"checkpoint was written with seq_len={state['seq_len']} seed={state['seed']}, "
+                               f"this mixture has seq_len={m.seq_len} seed={m.seed}")
+        self.next_index = int(state["next_index"])

@@ -1,0 +1,218 @@
+"""Tokenize a text corpus into datatrove token shards plus manifest.json, locally or on SLURM.
+
+    python -m data.tokenize --input <hub id | dir | glob of jsonl/parquet> --text-key text \
+        --tokenizer assets/tokenizer/tokenizer.model --out <dir> [--tasks N --workers N]
+        [--slurm --partition P --time 12:00:00 --cpus 2 --mem-per-cpu 2 --qos ""]
+
+One run tokenizes one source into one directory (read by data.shards /
+data.mixture). The pipeline is datatrove's: a reader matched to the input
+(JsonlReader / ParquetReader split the files across tasks;
+HuggingFaceDatasetReader for a hub id), then DocumentTokenizer with the
+`tokenizers` twin of the SentencePiece model (data.hf_tokenizer) and the framing
+``<s> text </s>`` (data.tokenizer). Documents are not shuffled here: the mixture
+loader permutes documents itself, per epoch.
+
+Reruns are cheap and safe: the datatrove logging dir is <out>/logs, so finished
+tasks are skipped; never change --tasks between reruns. With --slurm the
+manifest is written by a 1-task job that depends on the tokenization array;
+locally it is written at the end. ``--manifest-only`` rebuilds it from shards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob as globlib
+import json
+import sys
+from pathlib import Path
+
+from datatrove.pipeline.base import PipelineStep
+
+from data.hf_tokenizer import PROBE_TEXTS, build_fast_tokenizer, document_post_processor
+from data.shards import write_manifest
+from data.tokenizer import REPO_ROOT, Tokenizer
+
+BATCH_SIZE = 500  # 10,000 (datatrove's default) peaked at 3.2 GB RSS; SLURM often gives 2 GB/CPU
+_JSONL = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst")
+
+
+def _shown(path: Path) -> str:
+    """Repo-relative when inside the repo, so committed manifests hold no machine paths."""
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
+def describe_input(spec: str, split: str = "train", subset: str | None = None) -> dict:
+    """Classify --input: local/remote files (folder + glob + format) or a Hub dataset id."""
+    if globlib.has_magic(spec):
+        parts = spec.split("/")
+        cut = next(i for i, p in enumerate(parts) if globlib.has_magic(p))
+        folder, pattern = "/".join(parts[:cut]) or ".", "/".join(parts[cut:])
+    elif Path(spec).is_file():
+        folder, pattern = str(Path(spec).parent), Path(spec).name
+    elif Path(spec).is_dir() or "://" in spec:
+        folder, pattern = spec, None
+    elif spec.startswith(("/", ".", "~")) or spec.count("/") != 1:
+        raise FileNotFoundError(f"--input {spec!r}: no such file or directory (and not a hub id 'org/name')")
+    else:
+        return {"kind": "hub", "dataset": spec, "split": split, "subset": subset}
+    if "://" not in folder:
+        folder = str(Path(folder).resolve())
+    if pattern is None:
+        names = [p.name for p in Path(folder).rglob("*") if p.is_file()] if Path(folder).is_dir() else []
+        has_parquet = any(n.endswith(".parquet") for n in names)
+        has_jsonl = any(n.endswith(_JSONL) for n in names)
+        if has_parquet and has_jsonl:
+            raise ValueError(f"{folder} holds both parquet and jsonl files: pass a glob")
+        pattern = "**/*.parquet" if has_parquet else "**/*.jsonl*"
+    fmt = "parquet" if pattern.endswith(".parquet") else "jsonl"
+    return {"kind": fmt, "folder": folder, "glob": pattern}
+
+
+def make_reader(desc: dict, text_key: str, limit: int = -1, streaming: bool = False):
+    from datatrove.pipeline.readers import HuggingFaceDatasetReader, JsonlReader, ParquetReader
+
+    if desc["kind"] == "hub":
+        options = {"split": desc["split"], **({"name": desc["subset"]} if desc["subset"] else {})}
+        return HuggingFaceDatasetReader(desc["dataset"], dataset_options=options, streaming=streaming,
+                                        text_key=text_key, limit=limit, batch_size=BATCH_SIZE)
+    cls = ParquetReader if desc["kind"] == "parquet" else JsonlReader
+    kwargs = {"batch_size": BATCH_SIZE} if cls is ParquetReader else {}
+    return cls(desc["folder"], glob_pattern=desc["glob"], text_key=text_key, limit=limit, **kwargs)
+
+
+def prepare_tokenizer(model_path: Path | None, out: Path) -> tuple[Tokenizer, Path]:
+    """Build the tokenizer.json datatrove uses from the .model (the fingerprinted source of truth),
+    check it against SentencePiece on PROBE_TEXTS, and save it under <out>/logs.
+
+    A tokenizer.json lying next to the model is ignored on purpose: a stock Llama-2 one
+    turns literal "</s>" into EOS (see data.hf_tokenizer).
+    """
+    sp = Tokenizer(model_path)
+    fast = build_fast_tokenizer(sp.path)
+    bad = [t for t in PROBE_TEXTS if fast.encode(t).ids != sp.encode(t, bos=True)]
+    if bad:
+        raise RuntimeError(f"tokenizer.json converted from {sp.path} disagrees with SentencePiece on {bad!r}")
+    path = out / "logs" / "tokenizer.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fast.save(str(path))
+    return sp, path
+
+
+def tokenizer_step(tokenizer_json: Path, out: Path, sp: Tokenizer):
+    from datatrove.pipeline.tokens import DocumentTokenizer
+
+    step = DocumentTokenizer(str(out), tokenizer_name_or_path=str(tokenizer_json), batch_size=BATCH_SIZE,
+                             shuffle_documents=False, save_index=True, save_final_metadata=True)
+    # The base class applies post_processor in place of its EOS-only template: <s> text </s>.
+    step.post_processor = document_post_processor(bos_id=sp.bos_id, eos_id=sp.eos_id)
+    return step
+
+
+class WriteManifest(PipelineStep):
+    """Final 1-task step (SLURM): write manifest.json once every tokenization task finished."""
+
+    name = "manifest"
+    type = "📝 - WRITER"
+
+    def __init__(self, out: str, tokenizer: dict, description: dict, tasks: int):
+        super().__init__()
+        self.out, self.tokenizer, self.description, self.tasks = out, tokenizer, description, tasks
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        finish(Path(self.out), self.tokenizer, self.description, self.tasks)
+        return iter(())
+
+
+def finish(out: Path, tokenizer: dict, description: dict, tasks: int) -> dict:
+    done = {p.name for p in (out / "logs" / "completions").glob("*")}
+    missing = [r for r in range(tasks) if f"{r:05d}" not in done]
+    if missing:
+        raise RuntimeError(f"{out}: tokenization tasks {missing[:10]} did not finish; rerun the same command")
+    from importlib.metadata import version
+
+    return write_manifest(out, tokenizer, description, {"tasks": tasks, "datatrove_version": version("datatrove")})
+
+
+def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, text_key: str = "text",
+        tasks: int = 1, workers: int = -1, split: str = "train", subset: str | None = None,
+        limit: int = -1, streaming: bool = False, slurm: dict | None = None,
+        description: dict | None = None) -> dict | None:
+    """Tokenize input_spec into out; returns the manifest (None when submitted to SLURM)."""
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    source = describe_input(input_spec, split, subset)
+    sp, tok_json = prepare_tokenizer(Path(tokenizer) if tokenizer else None, out)
+    desc = description or {**source, "text_key": text_key, "spec": input_spec}
+    tok_info = {"path": _shown(sp.path), "fingerprint": sp.fingerprint, "vocab_size": sp.vocab_size,
+                "bos_id": sp.bos_id, "eos_id": sp.eos_id}
+    pipeline = [make_reader(source, text_key, limit, streaming),
+                tokenizer_step(tok_json, out, sp)]
+    if slurm is None:
+        from datatrove.executor import LocalPipelineExecutor
+
+        LocalPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=str(out / "logs")).run()
+        return finish(out, tok_info, desc, tasks)
+    from datatrove.executor import SlurmPipelineExecutor
+
+    # sbatch exports the environment: make the venv's tools and this repo importable on the nodes.
+    env = f"export PATH={Path(sys.executable).parent}:$PATH PYTHONPATH={REPO_ROOT}${{PYTHONPATH:+:$PYTHONPATH}}"
+    common = dict(partition=slurm["partition"], time=slurm["time"], qos=slurm.get("qos", ""), env_command=env,
+                  mem_per_cpu_gb=slurm.get("mem_per_cpu", 2), sbatch_args=slurm.get("sbatch_args") or {})
+    tok_exec = SlurmPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=str(out / "logs"),
+                                     cpus_per_task=slurm.get("cpus", 1), job_name=f"tok_{out.name}", **common)
+    SlurmPipelineExecutor([WriteManifest(str(out), tok_info, desc, tasks)], tasks=1, depends=tok_exec,
+                          logging_dir=str(out / "logs_manifest"), job_name=f"manifest_{out.name}", **common).run()
+    return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--input", required=True, help="hub dataset id, local/remote dir, or glob of jsonl/parquet")
+    p.add_argument("--out", required=True)
+    p.add_argument("--tokenizer", default=None, help="tokenizer.model (default: the tiny test tokenizer)")
+    p.add_argument("--text-key", default="text")
+    p.add_argument("--tasks", type=int, default=1, help="output shards; never change between reruns")
+    p.add_argument("--workers", type=int, default=-1, help="tasks run at once (-1: all)")
+    p.add_argument("--split", default="train", help="hub datasets: split")
+    p.add_argument("--subset", default=None, help="hub datasets: config name")
+    p.add_argument("--streaming", action="store_true", help="hub datasets: stream instead of download")
+    p.add_argument("--limit", type=int, default=-1, help="documents per task (debugging)")
+    p.add_argument("--manifest-only", action="store_true", help="rewrite manifest.json from finished shards")
+    s = p.add_argument_group("SLURM")
+    s.add_argument("--slurm", action="store_true")
+    s.add_argument("--partition")
+    s.add_argument("--time", default="12:00:00")
+    s.add_argument("--cpus", type=int, default=1, help="CPUs per task")
+    s.add_argument("--mem-per-cpu", type=int, default=2, help="GB")
+    s.add_argument("--qos", default="", help='"" emits no --qos')
+    s.add_argument("--sbatch-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra #SBATCH lines, e.g. signal=USR1@120 (requeue on preemption), account=x")
+    a = p.parse_args(argv)
+    if a.manifest_only:
+        sp = Tokenizer(a.tokenizer)
+        tok = {"path": _shown(sp.path), "fingerprint": sp.fingerprint, "vocab_size": sp.vocab_size,
+               "bos_id": sp.bos_id, "eos_id": sp.eos_id}
+        desc = {**describe_input(a.input, a.split, a.subset), "text_key": a.text_key, "spec": a.input}
+        print(json.dumps(finish(Path(a.out), tok, desc, a.tasks)["num_tokens"]))
+        return
+    slurm = None
+    if a.slurm:
+        if not a.partition:
+            p.error("--slurm needs --partition")
+        slurm = {"partition": a.partition, "time": a.time, "cpus": a.cpus, "mem_per_cpu": a.mem_per_cpu,
+                 "qos": a.qos, "sbatch_args": dict(kv.split("=", 1) for kv in a.sbatch_arg)}
+    manifest = run(a.input, a.out, a.tokenizer, a.text_key, a.tasks, a.workers, a.split, a.subset,
+                   a.limit, a.streaming, slurm)
+    if manifest:
+        print(f"{a.out}: {manifest['num_documents']} documents, {manifest['num_tokens']} tokens "
+              f"in {len(manifest['shards'])} shards")
+    else:
+        print(f"submitted; {Path(a.out) / 'manifest.json'} appears when the jobs finish")
+
+
+if __name__ == "__main__":
+    # Re-import under the package name so WriteManifest pickles as data.tokenize.WriteManifest
+    # (SLURM nodes import it), not as a __main__ class.
+    from data.tokenize import main as _main
+
+    _main()

@@ -1,0 +1,94 @@
+"""The project's tokenizer: a Llama-2-style SentencePiece model, and document framing.
+
+Real runs use Llama-2's tokenizer.model (32,000 ids, unk 0, bos 1, eos 2, byte
+fallback); tests and tiny recipes use assets/tokenizer/tokenizer.model, trained
+the same way (data.train_tiny_tokenizer). SentencePiece is the reference: the
+`tokenizers` JSON used for fast batch tokenization (data.hf_tokenizer) must give
+the same ids, and tests check that it does.
+
+Document framing (one decision, shared by shards, loader and inference):
+every document is stored as ``<s> text </s>`` -- BOS first, EOS last.
+
+- BOS first: Llama-2 inference, lm-eval and transformers all prepend BOS to a
+  prompt (tokenizer.json's post-processor does too), so in training every
+  document starts with the same context the model later sees. With
+  document-masked attention BOS is also the one token every position of a
+  document can attend to (a sink), instead of the first word of the text.
+- EOS last: the model learns to end a document, which generation (HumanEval,
+  MBPP, chat) needs to stop; EOS also marks boundaries for readers that do not
+  use the index. This is TorchTitan's own text-dataset convention
+  (add_bos=True, add_eos=True) too.
+- Cost: two tokens per document.
+
+The ``fingerprint`` (sha256 of the .model bytes) is written into each tokenized
+source's manifest.json so the loader can refuse shards made with another tokenizer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import cached_property
+from pathlib import Path
+
+import sentencepiece as spm
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TINY_TOKENIZER = REPO_ROOT / "assets" / "tokenizer" / "tokenizer.model"
+FRAMING = "bos_eos"  # recorded in manifests; see the module docstring
+
+
+def fingerprint(model_path: str | Path) -> str:
+    """sha256 hex digest of the SentencePiece model file's bytes."""
+    return hashlib.sha256(Path(model_path).read_bytes()).hexdigest()
+
+
+def resolve_model_path(path: str | Path | None = None) -> Path:
+    """A tokenizer.model path from a file, a directory holding one, or None (the tiny one)."""
+    path = Path(path) if path is not None else TINY_TOKENIZER
+    if path.is_dir():
+        path = path / "tokenizer.model"
+    if not path.is_file():
+        raise FileNotFoundError(f"SentencePiece model not found: {path}")
+    return path
+
+
+class Tokenizer:
+    """SentencePiece tokenizer with the project's framing; the reference for all ids."""
+
+    def __init__(self, model_path: str | Path | None = None):
+        self.path = resolve_model_path(model_path)
+        self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+        self.bos_id = self.sp.bos_id()
+        self.eos_id = self.sp.eos_id()
+        self.unk_id = self.sp.unk_id()
+        self.vocab_size = self.sp.get_piece_size()
+        if min(self.bos_id, self.eos_id) < 0:
+            raise ValueError(f"{self.path}: the model must define both BOS and EOS")
+
+    @cached_property
+    def fingerprint(self) -> str:
+        return fingerprint(self.path)
+
+    def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
+        """Ids of text; literal "<s>" / "</s>" in text are ordinary characters."""
+        ids = self.sp.encode(text)
+        return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
+
+    def encode_document(self, text: str) -> list[int]:
+        """A document as stored in shards: ``<s> text </s>`` (see FRAMING)."""
+        return self.encode(text, bos=True, eos=True)
+
+    def encode_batch(self, texts: list[str], bos: bool = False, eos: bool = False) -> list[list[int]]:
+        return self.sp.encode(texts, add_bos=bos, add_eos=eos)
+
+    def decode(self, ids) -> str:
+        """Text of ids; BOS/EOS/UNK control ids are dropped."""
+        return self.sp.decode([int(i) for i in ids])
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
+
+
+def load_tokenizer(path: str | Path | None = None) -> Tokenizer:
+    """Load a tokenizer.model (or a directory with one); None loads the tiny test tokenizer."""
+    return Tokenizer(path)
