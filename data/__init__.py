@@ -1,0 +1,1 @@
+"""Data sources for training."""

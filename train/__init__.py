@@ -1,0 +1,1 @@
+"""Training entry points and the CPU adaptations they apply."""
