@@ -1,0 +1,282 @@
+"""Hugging Face export and import of Laneformer checkpoints, checked against the training model.
+
+The HF modeling file re-implements the model in plain torch, so these tests
+are what ties the two together: same logits (max abs diff <= 1e-5, fp32) for
+the tiny flavor, for the 2B's lane/head layout and for non-default exchange
+settings; cached generation equal to a no-cache argmax loop past the window;
+exact weight round trips; a released-layout folder written independently of
+the exporter; and clear refusals of truncated or mismatched weights.
+"""
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
+from models.laneformer import laneformer_configs
+from models.laneformer.convert import main as convert_main
+from models.laneformer.hf import REMOTE_CODE_DIR, REMOTE_CODE_FILES
+from models.laneformer.hf.checkpoint_io import load_dcp, save_dcp
+from models.laneformer.hf.config_map import native_fields, read_native_config
+from models.laneformer.hf.export import export_hf, to_hf
+from models.laneformer.hf.import_hf import import_hf
+from models.laneformer.model import Laneformer
+
+try:  # SDPA with the BlockMask's own mask_mod: no flex compile on CPU
+    from train.cpu import DenseMaskFlexAttention
+
+    CPU_ATTENTION = {"inner_attention": DenseMaskFlexAttention.Config()}
+except ImportError:
+    CPU_ATTENTION = {}
+
+TOL = 1e-5
+
+
+def tiny(**changes) -> Laneformer.Config:
+    return dataclasses.replace(laneformer_configs["tiny"](), **CPU_ATTENTION, **changes)
+
+
+def two_b_layout(**changes) -> Laneformer.Config:
+    """3 layers with the 2B's lanes and heads (8 lanes, 32/16 heads of 96), narrower elsewhere."""
+    return Laneformer.Config(
+        dim=384, n_layers=3, n_heads=32, n_kv_heads=16, head_dim=96, ffn_hidden_dim=1024,
+        vocab_size=512, max_seq_len=256, n_lanes=8, delay=2, window_size=16, window_layers=[0, 2],
+        **CPU_ATTENTION, **changes,
+    )
+
+
+def random_model(config: Laneformer.Config, seed: int = 0) -> Laneformer:
+    """Weights large enough that lanes, norms and the exchange all move the logits."""
+    model = Laneformer(config).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * (1.0 if "tok_embeddings" in name else 0.08))
+    return model
+
+
+def logits(model, tokens):
+    with torch.no_grad():
+        out = model(tokens)
+    return out if isinstance(out, torch.Tensor) else out.logits
+
+
+def load_hf(folder):
+    return AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+
+
+def tokens(config, length, batch=2, seed=1):
+    return torch.randint(0, config.vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+NON_DEFAULT = {
+    "scaled+flush+norm_of_sum+send": dict(early_mode="scaled", late_mode="flush", final_agg="norm_of_sum",
+                                          early_send_forward=True),
+    "delay1+late_present": dict(delay=1, late_mode="present"),
+    "delay0_dense": dict(delay=0),
+}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [tiny(), two_b_layout(), *(tiny(**c) for c in NON_DEFAULT.values())],
+    ids=["tiny", "2B-layout", *NON_DEFAULT],
+)
+def test_export_logits_match_training_model(config, tmp_path):
+    model = random_model(config)
+    export_hf(model.state_dict(), config, tmp_path / "hf")
+    hf = load_hf(tmp_path / "hf")
+    x = tokens(config, 48)  # longer than every window
+    assert config.window_layers and x.shape[1] > config.window_size
+    assert (logits(model, x) - logits(hf, x)).abs().max().item() <= TOL
+    hf_fields = json.loads((tmp_path / "hf" / "config.json").read_text())
+    for key in ("early_mode", "early_send_forward", "late_mode", "final_agg", "head_dim", "swa_layers"):
+        assert key in hf_fields
+    assert hf.config.broadcast_delay == config.delay and hf.config.late_mode == config.late_mode
+
+
+def test_exchange_settings_change_the_function(tmp_path):
+    """The non-default settings above are not no-ops, so matching logits prove they round-trip."""
+    model = random_model(tiny())
+    x = tokens(tiny(), 40)
+    base = logits(model, x)
+    for changes in NON_DEFAULT.values():
+        other = random_model(tiny(**changes))
+        assert (logits(other, x) - base).abs().max() > 1e-3, changes
+
+
+def test_generate_with_cache_matches_argmax_loop(tmp_path):
+    config = tiny()
+    export_hf(random_model(config).state_dict(), config, tmp_path / "hf")
+    hf = load_hf(tmp_path / "hf")
+    prompt = tokens(config, 20)
+    n_new = 2 * config.window_size  # decode well past the window
+    out = hf.generate(prompt, max_new_tokens=n_new, do_sample=False, eos_token_id=None, pad_token_id=0,
+                      output_scores=True, return_dict_in_generate=True)
+    seq = prompt
+    for step in range(n_new):
+        with torch.no_grad():
+            step_logits = hf(seq, use_cache=False).logits[:, -1]
+        assert (step_logits - out.scores[step]).abs().max().item() <= TOL, step
+        seq = torch.cat([seq, step_logits.argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out.sequences, seq)
+    assert seq.shape[1] > 2 * config.window_size
+
+
+def test_left_padded_batch_generates_like_single_prompts(tmp_path):
+    config = tiny()
+    export_hf(random_model(config).state_dict(), config, tmp_path / "hf")
+    hf = load_hf(tmp_path / "hf")
+    long, short = tokens(config, 30, batch=1), tokens(config, 22, batch=1, seed=2)
+    greedy = dict(max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+    batch = torch.cat([long, torch.cat([torch.zeros(1, 8, dtype=torch.long), short], dim=1)])
+    mask = torch.ones_like(batch)
+    mask[1, :8] = 0
+    out = hf.generate(batch, attention_mask=mask, **greedy)
+    assert torch.equal(out[0], hf.generate(long, **greedy)[0])
+    assert torch.equal(out[1, 8:], hf.generate(short, **greedy)[0])
+
+
+def test_roundtrip_to_hf_from_hf_is_exact(tmp_path):
+    config = tiny(late_mode="flush", window_layers=[1, 3])
+    model = random_model(config)
+    state = model.state_dict()
+    to_hf(model, tmp_path / "hf")  # the end-of-run hook's entry point
+    report = import_hf(tmp_path / "hf", tmp_path / "dcp")
+    assert report.missing == []
+    back_config = read_native_config(tmp_path / "dcp" / "laneformer_config.json")
+    assert native_fields(back_config) == native_fields(config)
+    back = load_dcp(tmp_path / "dcp", back_config)
+    assert back.keys() == state.keys()
+    for k, v in state.items():
+        assert back[k].dtype == v.dtype and torch.equal(back[k], v), k
+
+
+def test_cli_to_hf_picks_latest_complete_step(tmp_path, capsys):
+    config = tiny()
+    run = tmp_path / "run"
+    for step, seed in ((10, 0), (20, 1)):
+        save_dcp(random_model(config, seed).state_dict(), run / "checkpoints" / f"step-{step}")
+    (run / "checkpoints" / "step-30").mkdir()  # being written: no .metadata yet
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    for name in ("tokenizer.model", "tokenizer_config.json"):
+        (tok / name).write_text("x")
+    (tmp_path / "evals.json").write_text(json.dumps({"hellaswag": 0.3125, "core": 0.21}))
+
+    convert_main([
+        "to-hf", str(run), str(tmp_path / "hf"), "--flavor", "tiny", "--tokenizer", str(tok),
+        "--recipe", "tiny-cpu", "--tokens-seen", "1234567", "--evals", str(tmp_path / "evals.json"),
+        "--max-shard-size", "3MB", "--dtype", "bfloat16",
+    ])
+    out = tmp_path / "hf"
+    assert "step-20" in capsys.readouterr().out
+    assert (out / "model.safetensors.index.json").exists() and (out / "tokenizer.model").exists()
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 2
+    readme = (out / "README.md").read_text()
+    for text in ("tiny-cpu", "1,234,567", "hellaswag", "0.3125", "step: 20"):
+        assert text in readme
+    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+    assert hf.dtype == torch.bfloat16
+    expected = random_model(config, 1).state_dict()["layers.0.attention.wq.weight"].bfloat16()
+    assert torch.equal(hf.model.layers[0].attention.wq.weight, expected)
+    assert not list(tmp_path.glob(".hf.tmp-*"))
+
+
+def write_released_folder(folder, model, config, **extra_keys):
+    """A folder the way Kog's release has it, written without the exporter."""
+    folder.mkdir()
+    weights = {("lm_head.weight" if k == "lm_head.weight" else "model." + k): v.contiguous()
+               for k, v in model.state_dict().items()}
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    released = {
+        "model_type": "laneformer_tp",
+        "architectures": ["LaneformerTPForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_laneformer.LaneformerConfig",
+                     "AutoModelForCausalLM": "modeling_laneformer.LaneformerForCausalLM"},
+        "hidden_size": config.dim, "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads,
+        "intermediate_size": config.ffn_hidden_dim, "vocab_size": config.vocab_size,
+        "max_position_embeddings": config.max_seq_len, "rope_theta": config.rope_theta,
+        "norm_eps": config.norm_eps, "num_lanes": config.n_lanes, "broadcast_delay": config.delay,
+        "use_comm": True, "use_early_comm": config.early_mode == "present", "lm_head_type": "replicate",
+        "pre_norm_lane_agg": config.final_agg == "norm_of_sum", "replicated_rmsn_scale": True,
+        "tie_word_embeddings": False, "sliding_window": config.window_size,
+        "sliding_window_n_layers": len(config.window_layers), "multiple_of": 256,
+        "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
+        **extra_keys,
+    }
+    (folder / "config.json").write_text(json.dumps(released))
+    for name in REMOTE_CODE_FILES:
+        shutil.copy(REMOTE_CODE_DIR / name, folder / name)
+
+
+def test_released_layout_imports_with_same_logits(tmp_path):
+    # head_dim = hidden // heads, as the released config implies; windows on the first 2 layers.
+    config = tiny(dim=128, n_heads=8, head_dim=16, final_agg="norm_of_sum", window_layers=[0, 1])
+    model = random_model(config, seed=3)
+    write_released_folder(tmp_path / "released", model, config)
+    reference = logits(load_hf(tmp_path / "released"), tokens(config, 48))
+
+    report = import_hf(tmp_path / "released", tmp_path / "dcp")
+    assert {m.split("=")[0] for m in report.missing} == {"head_dim", "early_send_forward", "late_mode"}
+    assert report.ignored == ["multiple_of"]
+    imported = read_native_config(tmp_path / "dcp" / "laneformer_config.json")
+    assert imported.window_layers == [0, 1] and imported.final_agg == "norm_of_sum"
+    trained = Laneformer(dataclasses.replace(imported, **CPU_ATTENTION)).eval()
+    trained.load_state_dict(load_dcp(tmp_path / "dcp", imported))
+    assert (logits(trained, tokens(config, 48)) - reference).abs().max().item() <= TOL
+
+
+def test_cli_from_hf_then_to_hf_with_overrides(tmp_path, capsys):
+    config = tiny(dim=128, n_heads=8, head_dim=16)
+    model = random_model(config, seed=4)
+    write_released_folder(tmp_path / "released", model, config)
+    convert_main(["from-hf", str(tmp_path / "released"), str(tmp_path / "dcp"), "--set", "early_send_forward=true"])
+    report = capsys.readouterr().out
+    assert "head_dim=16" in report and "late_mode='drop'" in report and "early_send_forward" not in report
+    assert read_native_config(tmp_path / "dcp" / "laneformer_config.json").early_send_forward is True
+
+    convert_main(["to-hf", str(tmp_path / "dcp"), str(tmp_path / "hf")])  # config from laneformer_config.json
+    hf = load_hf(tmp_path / "hf")
+    assert hf.config.early_send_forward is True and hf.config.swa_layers == config.window_layers
+    assert torch.equal(hf.lm_head.weight, model.lm_head.weight)
+
+
+def test_truncated_safetensors_is_refused(tmp_path):
+    config = tiny()
+    export_hf(random_model(config).state_dict(), config, tmp_path / "hf")
+    weights = tmp_path / "hf" / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-1000])
+    with pytest.raises(ValueError, match=r"model\.safetensors: truncated .*tensor '[\w.]+'"):
+        import_hf(tmp_path / "hf", tmp_path / "out")
+    weights.write_bytes(data[:20])
+    with pytest.raises(ValueError, match=r"model\.safetensors: truncated"):
+        import_hf(tmp_path / "hf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("intermediate_size", 256, r"'model\.layers\.0\.feed_forward\.w1\.weight' in \S*model\.safetensors "
+                                   r"has shape \[8, 64, 128\], the config implies \[8, 32, 128\]"),
+        ("num_hidden_layers", 3, r"unexpected tensors: 'model\.layers\.3\.attention\.wk\.weight' \(\S*model\.safetensors\)"),
+        ("num_hidden_layers", 5, r"missing tensors: \['model\.layers\.4\."),
+    ],
+)
+def test_config_not_matching_weights_is_refused(tmp_path, key, value, message):
+    config = tiny()
+    write_released_folder(tmp_path / "released", random_model(config), config, **{key: value})
+    with pytest.raises(ValueError, match=message) as err:
+        import_hf(tmp_path / "released", tmp_path / "out")
+    assert "config.json" in str(err.value)
+    assert not (tmp_path / "out").exists()
