@@ -1,0 +1,96 @@
+"""The mixture as torchtitan components: a ``BaseDataLoader`` and a ``BaseTokenizer``.
+
+``MixtureDataLoader`` yields ``({"input", "positions"}, labels)`` per data-parallel
+rank. Its state is one number, the next global sample index, identical on
+every rank, so a run saved on N ranks resumes on any other number of ranks
+with exactly the samples the uninterrupted run would have seen (torchtitan's
+own loader refuses a changed rank count).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from torchtitan.components.dataloader import BaseDataLoader
+from torchtitan.components.tokenizer import BaseTokenizer
+
+from data.mixture import Mixture, MixtureLoader, SourceSpec
+from data.tokenizer import Tokenizer
+
+
+class SentencePieceTokenizer(BaseTokenizer):
+    """torchtitan's tokenizer slot filled with the project's SentencePiece tokenizer."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseTokenizer.Config):
+        path: str = ""  # the .model file; Trainer's hf_assets_path is not used
+
+    def __init__(self, config: Config, *, tokenizer_path: str | None = None):
+        super().__init__()
+        self.tokenizer = Tokenizer(config.path or tokenizer_path)
+        self.bos_id, self.eos_id = self.tokenizer.bos_id, self.tokenizer.eos_id
+
+    def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, bos=bos, eos=eos)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def get_vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+
+def build_mixture(sources: list[dict], tokenizer_path: str, seq_len: int, seed: int,
+                  vocab_size: int, total_samples: int | None) -> Mixture:
+    """Open and validate every source (shards, tokenizer fingerprint, vocab, epochs)."""
+    tokenizer = Tokenizer(tokenizer_path)
+    if tokenizer.vocab_size != vocab_size:
+        raise ValueError(
+            f"{tokenizer.path}: tokenizer has {tokenizer.vocab_size} ids but the model's "
+            f"vocab_size is {vocab_size}"
+        )
+    return Mixture(
+        [SourceSpec(**s) for s in sources], seq_len=seq_len, seed=seed,
+        expected_fingerprint=tokenizer.fingerprint, expected_vocab_size=vocab_size,
+        total_samples=total_samples,
+    )
+
+
+class MixtureDataLoader(BaseDataLoader):
+    """One rank's share of the deterministic mixture (see data.mixture)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseDataLoader.Config):
+        sources: list[dict] = field(default_factory=list)  # SourceSpec fields
+        tokenizer_path: str = ""
+        vocab_size: int = 0
+        seed: int = 0
+        total_samples: int | None = None  # steps x global batch: checks epochs up front
+
+    def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, seq_len: int,
+                 local_batch_size: int, **kwargs: Any):
+        mixture = build_mixture(config.sources, config.tokenizer_path, seq_len, config.seed,
+                                config.vocab_size, config.total_samples)
+        self.loader = MixtureLoader(mixture, local_batch_size * dp_world_size, dp_rank, dp_world_size)
+
+    @property
+    def mixture(self) -> Mixture:
+        return self.loader.mixture
+
+    def __iter__(self):
+        for batch in self.loader:
+            inputs = {
+                "input": torch.from_numpy(batch["input_ids"]),
+                "positions": torch.from_numpy(batch["positions"]),
+            }
+            yield inputs, torch.from_numpy(batch["labels"])
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict:
+            self.loader.load_state_dict(state_dict)
