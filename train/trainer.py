@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from train.guard import StepGuard
+from train.hooks import Hook, LogSourceTokens, MetricsJsonl
 
 
 class GuardedOptimizers(OptimizersContainer):
@@ -88,10 +90,6 @@ class MilestoneCheckpointManager(CheckpointManager):
             self.purge_queue.put(f"{self.folder}/{name}")
 
 
-class Hook(Protocol):
-    def after_step(self, trainer: "LaneformerTrainer") -> None: ...
-
-
 class LaneformerTrainer(Trainer):
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):
@@ -103,6 +101,8 @@ class LaneformerTrainer(Trainer):
         super().__init__(config)
         self.guard = StepGuard(config.spike_sigmas, config.spike_window, config.skip_spikes)
         self.hooks: list[Hook] = [LogSourceTokens()]
+        if dist.get_rank() == 0:
+            self.metrics_processor.logger.add_logger(MetricsJsonl(Path(config.dump_folder) / "metrics.jsonl"))
         self._step_loss = torch.zeros((), device=self.device)
         assert isinstance(self.optimizers, GuardedOptimizers), "use GuardedOptimizers.Config"
         self.optimizers.should_skip = self._should_skip
@@ -145,15 +145,3 @@ class LaneformerTrainer(Trainer):
         if "guard" in state_dict:
             self.guard.load_state_dict(state_dict["guard"])
 
-
-class LogSourceTokens:
-    """At log steps: tokens consumed per mixture source, to stdout and the metric loggers."""
-
-    def after_step(self, trainer: LaneformerTrainer) -> None:
-        if not trainer.metrics_processor.should_log(trainer.step):
-            return
-        consumed = trainer.dataloader.state_dict().get("consumed_tokens", {})
-        trainer.metrics_processor.logger.log(
-            {f"data/tokens/{name}": n for name, n in consumed.items()}, trainer.step
-        )
-        logger.info("tokens per source: " + ", ".join(f"{k} {v:,}" for k, v in consumed.items()))

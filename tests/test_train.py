@@ -1,0 +1,263 @@
+"""train.py end to end on CPU: recipes, runs, resume, phases, schedule, skipped steps, logs."""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.trainlib import REPO, env, losses, metrics, repeated_batch_source, train, train_command, wandb_history
+
+
+def short(tmp_path, steps=12, *extra):
+    return (f"run.output_dir={tmp_path / 'run'}", f"training.steps={steps}", "logging.interval=1",
+            "training.seq_len=64", "training.global_batch=8", "training.micro_batch=4",
+            "schedule.warmup_steps=2", *extra)
+
+
+# ---- bad input never starts a run ---------------------------------------------------
+
+
+def write_recipe(tmp_path, text_edit=None, name="bad.toml"):
+    text = (REPO / "recipes" / "tiny.toml").read_text()
+    if text_edit:
+        text = text.replace(*text_edit)
+    path = tmp_path / name
+    path.write_text(text.replace('name = "tiny"', 'name = "bad"'))
+    return str(path)
+
+
+@pytest.mark.parametrize("edit, extra_env, message", [
+    (("lr = 3e-3", "lrr = 3e-3"), {}, r"[optimizer] has unknown key 'lrr'; did you mean 'lr'?"),
+    (("seq_len = 128", "seq_len = 12.5"), {}, "[training] seq_len: expected int, got 12.5"),
+    (("lr = 3e-3", "lr = -3e-3"), {}, "[optimizer] lr: must be > 0"),
+    (None, {"WORLD_SIZE": "3"}, "global_batch (16) is not divisible by micro_batch (8) x data-parallel size (3)"),
+    (("assets/sample_data/code", "assets/sample_data/nope"), {}, "assets/sample_data/nope"),
+    (("flavor = \"tiny\"", "flavor = \"tiny\"\nwindow_sise = 3"), {}, "did you mean 'window_size'"),
+])
+def test_bad_recipe_fails_with_clear_error_and_starts_nothing(tmp_path, edit, extra_env, message):
+    path = write_recipe(tmp_path, edit)
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "--recipe", path, "--set", f"run.output_dir={out}"],
+        cwd=REPO, env={**env(), **extra_env}, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert message in result.stderr
+    assert not out.exists()
+
+
+def test_missing_recipe_file(tmp_path):
+    result = train(str(tmp_path / "nope.toml"))
+    assert result.returncode != 0 and "nope.toml: recipe file not found" in result.stderr
+
+
+def test_missing_shard_names_the_file(tmp_path):
+    data = tmp_path / "code"
+    data.mkdir()
+    for f in glob.glob(str(REPO / "assets/sample_data/code/*")):
+        os.link(f, data / os.path.basename(f))
+    (data / "00001_unshuffled.ds").unlink()
+    path = write_recipe(tmp_path, ("assets/sample_data/code", str(data)))
+    result = train(path, f"run.output_dir={tmp_path / 'run'}")
+    assert result.returncode != 0
+    assert "00001_unshuffled.ds" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_dry_run_prints_the_2b_plan():
+    result = subprocess.run([sys.executable, "train.py", "--recipe", "phase1.toml", "--dry-run"],
+                            cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "parameters: 2,320,069,632" in result.stdout
+    assert "steps: 635,783" in result.stdout
+    assert "FLOPs per token: 14,840,543,232" in result.stdout
+    assert "expected wall time" in result.stdout
+
+
+# ---- one short run: schedule, logs --------------------------------------------------
+
+
+def wsd_lr(step, *, lr, warmup, total, decay_fraction, shape, min_ratio):
+    """WSD written from its definition: linear warmup ending at lr on step `warmup`,
+    flat, then a decay from lr to lr * min_ratio over round(decay_fraction * total)
+    steps that end one step after the run (so the last step's lr is not the minimum)."""
+    decay = round(decay_fraction * total)
+    if step <= warmup:
+        return lr * step / warmup
+    if step <= total + 1 - decay:
+        return lr
+    progress = (step - (total + 1 - decay)) / decay
+    drop = {"linear": progress, "sqrt": math.sqrt(progress),
+            "cosine": 0.5 * (1 - math.cos(math.pi * progress))}[shape]
+    return lr * (min_ratio + (1 - min_ratio) * (1 - drop))
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("short")
+    result = train("tiny.toml", *short(tmp, 20, "schedule.warmup_steps=5", "schedule.decay_fraction=0.4",
+                                       "schedule.min_lr_ratio=0.1", "logging.wandb_mode=offline"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return tmp / "run"
+
+
+def test_lr_follows_the_wsd_formula(short_run):
+    rows = metrics(short_run)
+    for step in range(1, 21):
+        expected = wsd_lr(step, lr=3e-3, warmup=5, total=20, decay_fraction=0.4, shape="sqrt", min_ratio=0.1)
+        assert rows[step]["lr/AdamW/1"] == pytest.approx(expected, rel=1e-9), step
+
+
+def test_run_dir_holds_recipe_snapshot_and_logs(short_run):
+    assert (short_run / "recipe.toml").exists() and (short_run / "laneformer_config.json").exists()
+    launch = short_run / "launches" / "001"
+    assert (launch / "git-commit").read_text().strip()
+    assert (launch / "code" / "models" / "laneformer" / "model.py").exists()
+    assert "torch==2.14.1" in (launch / "packages.txt").read_text()
+    assert sorted(p.name for p in (short_run / "checkpoints").iterdir())[-1] == "step-20"
+
+
+def test_tensorboard_and_wandb_offline_hold_the_logged_losses(short_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logged = losses(short_run)
+    events = glob.glob(str(short_run / "tensorboard" / "*" / "events.out.tfevents.*"))
+    assert events
+    acc = EventAccumulator(events[0])
+    acc.Reload()
+    tb = {e.step: e.value for e in acc.Scalars("loss_metrics/global_avg_loss")}
+    assert tb.keys() == logged.keys()
+    assert all(tb[s] == pytest.approx(logged[s], rel=1e-6) for s in tb)
+    runs = glob.glob(str(short_run / "tensorboard" / "*" / "wandb" / "offline-run-*"))
+    assert runs, "no offline wandb run to `wandb sync`"
+    history = wandb_history(glob.glob(os.path.join(runs[0], "run-*.wandb"))[0])
+    wb = {s: r["loss_metrics/global_avg_loss"] for s, r in history.items() if "loss_metrics/global_avg_loss" in r}
+    assert wb == pytest.approx(logged, rel=1e-6)
+
+
+# ---- a NaN mid-run is skipped, not fatal ----------------------------------------------
+
+INJECT_NAN = """
+import sys, torch
+sys.path.insert(0, "REPO_DIR")
+from torchtitan.components.loss import CrossEntropyLoss
+calls = {"n": 0}
+forward = CrossEntropyLoss.__call__
+def poisoned(self, pred, *args, **kwargs):
+    calls["n"] += 1
+    if calls["n"] == NAN_CALL:  # one micro-batch of one step goes NaN
+        pred = pred * float("nan")
+    return forward(self, pred, *args, **kwargs)
+CrossEntropyLoss.__call__ = poisoned
+sys.argv[0] = "train.py"
+import runpy
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def test_nan_batch_is_skipped_and_the_run_finishes(tmp_path):
+    script = tmp_path / "inject.py"
+    script.write_text(INJECT_NAN.replace("NAN_CALL", "13").replace("REPO_DIR", str(REPO)))  # step 7, micro-batch 1 of 2
+    cmd = train_command("tiny.toml", *short(tmp_path, 10))
+    cmd[cmd.index(str(REPO / "train.py"))] = str(script)
+    result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step 7: skipped (non-finite loss (nan))" in result.stdout + result.stderr
+    rows = metrics(tmp_path / "run")
+    assert rows[7]["skipped_steps"] == 1
+    assert all(math.isfinite(rows[s]["loss_metrics/global_avg_loss"]) for s in (6, 8, 9, 10))
+    from models.laneformer.hf.checkpoint_io import load_dcp
+    from models.laneformer.hf.config_map import read_native_config
+
+    config = read_native_config(tmp_path / "run" / "laneformer_config.json")
+    state = load_dcp(tmp_path / "run" / "checkpoints" / "step-10", config)
+    assert all(bool(v.isfinite().all()) for v in state.values())
+
+
+# ---- kill -9 and resume: the same losses to the last digit -----------------------------
+
+
+def wait_for(path, proc, timeout=300):
+    start = time.time()
+    while not path.exists():
+        assert proc.poll() is None, "the run ended before the checkpoint"
+        assert time.time() - start < timeout
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_kill_all_ranks_then_resume_gives_identical_losses(tmp_path):
+    steps = 16
+    common = ("run.deterministic=true", "checkpoint.interval=4", "checkpoint.keep_last=10")
+    whole = tmp_path / "whole"
+    result = train("tiny.toml", *short(whole, steps, *common), nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    broken = tmp_path / "broken"
+    proc = subprocess.Popen(train_command("tiny.toml", *short(broken, steps, *common), nproc=2),
+                            cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    wait_for(broken / "run" / "checkpoints" / "step-4" / ".metadata", proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and every rank at once
+    proc.wait()
+    killed_at = max(losses(broken / "run"))
+    assert killed_at < steps
+
+    result = train("tiny.toml", *short(broken, steps, *common), nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Training starts at step 5" in result.stdout or "Training starts at step 9" in result.stdout
+    assert losses(broken / "run") == losses(whole / "run")  # exact, every step
+
+
+@pytest.mark.slow
+def test_resume_on_another_number_of_ranks_continues_the_same_samples(tmp_path):
+    steps = 8
+    common = ("checkpoint.interval=4", "checkpoint.keep_last=10")
+    whole = tmp_path / "whole"
+    assert train("tiny.toml", *short(whole, steps, *common), nproc=2).returncode == 0
+    part = tmp_path / "part"
+    assert train("tiny.toml", *short(part, 4, *common), nproc=2).returncode == 0
+    result = train("tiny.toml", *short(part, steps, *common), nproc=1)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Training starts at step 5" in result.stdout
+    a, b = losses(whole / "run"), losses(part / "run")
+    # Same global samples on 1 rank as on 2: only the summation order differs.
+    assert all(b[s] == pytest.approx(a[s], rel=1e-5) for s in range(5, steps + 1))
+
+
+# ---- phase 1 then phase 2 ----------------------------------------------------------------
+
+
+def test_phase2_starts_from_phase1_weights(tmp_path):
+    p1 = tmp_path / "p1"
+    assert train("tiny.toml", f"run.output_dir={p1}", "training.steps=40", "logging.interval=1").returncode == 0
+    result = train("tiny-phase2.toml", f"run.output_dir={tmp_path / 'p2'}", "training.steps=3",
+                   "logging.interval=1", "schedule.warmup_steps=1", f"checkpoint.init_from={p1}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Loading the checkpoint from " + str(p1 / "checkpoints" / "step-40") in result.stdout
+    first = losses(tmp_path / "p2")[1]
+    assert first < losses(p1)[1] - 1.5  # phase 1 started from a fresh model
+    assert min(losses(tmp_path / "p2")) == 1  # a fresh step counter
+
+
+# ---- the model learns: a repeated batch is memorized -----------------------------------
+
+
+@pytest.mark.parametrize("nproc, compile", [
+    (1, False), (1, True),
+    pytest.param(2, False, marks=pytest.mark.slow), pytest.param(2, True, marks=pytest.mark.slow),
+])
+def test_tiny_overfits_a_repeated_batch(tmp_path, nproc, compile):
+    source = repeated_batch_source(tmp_path / "one", tokens=8 * 64)
+    result = train("tiny.toml", *short(tmp_path, 25, f"parallel.compile={str(compile).lower()}",
+                                       f'data.sources=[{{name = "one", path = "{source}", weight = 1.0, max_epochs = 1000}}]',
+                                       "schedule.warmup_steps=2", "training.skip_spikes=false"), nproc=nproc)
+    assert result.returncode == 0, result.stderr[-3000:]
+    values = losses(tmp_path / "run")
+    assert values[25] < 0.3 * values[1], values

@@ -1,0 +1,50 @@
+"""Side effects of training, hung off the trainer: each is a small object called after a step.
+
+``MetricsJsonl`` is a torchtitan metric logger (beside tensorboard and wandb)
+that appends every logged metric dict to ``<run>/metrics.jsonl``, flushed per
+line, so a killed run keeps its numbers and tests can compare runs exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from torchtitan.components.metrics import BaseLogger
+from torchtitan.tools.logging import logger
+
+if TYPE_CHECKING:
+    from train.trainer import LaneformerTrainer
+
+
+class Hook(Protocol):
+    def after_step(self, trainer: LaneformerTrainer) -> None: ...
+
+
+class MetricsJsonl(BaseLogger):
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(path, "a")
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in metrics.items()}
+        self.file.write(json.dumps({"step": step, **clean}) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class LogSourceTokens:
+    """At log steps: tokens consumed per mixture source, to stdout and the metric loggers."""
+
+    def after_step(self, trainer: LaneformerTrainer) -> None:
+        if not trainer.metrics_processor.should_log(trainer.step):
+            return
+        consumed = trainer.dataloader.state_dict().get("consumed_tokens", {})
+        trainer.metrics_processor.logger.log(
+            {f"data/tokens/{name}": n for name, n in consumed.items()}, trainer.step
+        )
+        logger.info("tokens per source: " + ", ".join(f"{k} {v:,}" for k, v in consumed.items()))
