@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from torchtitan.components.checkpointer import CheckpointManager
+from torchtitan.components.checkpointer.base import LR_SCHEDULER
 from torchtitan.components.optimizer import OptimizersContainer
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools import utils
@@ -69,7 +70,7 @@ class MilestoneCheckpointManager(CheckpointManager):
 
     def _load(self, step: int = -1) -> bool:
         try:
-            return super()._load(step)
+            loaded = super()._load(step)
         except Exception as e:
             which = step if step >= 0 else self._find_load_step()
             where = f"{self.folder}/step-{which}" if which >= 0 else self.initial_load_path
@@ -77,6 +78,13 @@ class MilestoneCheckpointManager(CheckpointManager):
                 f"checkpoint {where} could not be loaded ({type(e).__name__}: {e}). "
                 "If it is damaged, move it aside to resume from the previous checkpoint."
             ) from e
+        # torchtitan restores the schedulers' step but the optimizers keep the lr saved in
+        # their state, i.e. the old schedule's; a resumed run whose schedule changed (more
+        # steps, another decay) would take its first step at that stale lr.
+        for scheduler in self.states[LR_SCHEDULER].schedulers:
+            for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr()):
+                group["lr"] = lr
+        return loaded
 
     def _purge_stale_checkpoints(self):
         if not self._should_purge():

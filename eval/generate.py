@@ -1,0 +1,70 @@
+"""Text generation from a bare ``(ids) -> logits`` callable: greedy or sampled.
+
+There is no KV cache (the callable has none): each step re-runs the batch's
+sequences, cropped from the left to ``max_seq_len``. Rows stop at EOS, at a
+stop string, or after ``max_new_tokens``; finished rows leave the batch.
+The caller passes ``forward`` (an ``eval.dist.Lockstep``), so under FSDP a
+rank whose rows finish early keeps stepping with the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from .core import pad_rows
+
+
+def continuation_text(tokenizer, prompt: list[int], new: list[int]) -> str:
+    """The text ``new`` adds after ``prompt``.
+
+    Decoded in context, because SentencePiece drops the leading space of a
+    piece decoded on its own ("▁return" -> "return").
+    """
+    head = tokenizer.decode(prompt)
+    full = tokenizer.decode(prompt + new)
+    return full[len(head):] if full.startswith(head) else tokenizer.decode(new)
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """``text`` up to the earliest stop string, and whether one was found."""
+    hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return (text[: min(hits)], True) if hits else (text, False)
+
+
+def _next_token(logits: torch.Tensor, temperature: float, top_p: float, generator) -> torch.Tensor:
+    if temperature <= 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:  # nucleus: keep the smallest set of tokens with mass >= top_p
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
+        probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def generate(forward: Callable[[torch.Tensor], torch.Tensor], tokenizer, prompts: list[list[int]], *,
+             max_new_tokens: int, stop: Sequence[str] = (), max_seq_len: int | None = None,
+             temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None) -> list[str]:
+    """The continuation text of each prompt (token ids, BOS included), cut before any stop string."""
+    rows = [list(p) for p in prompts]
+    texts = [""] * len(rows)
+    active = list(range(len(rows)))
+    for _ in range(max_new_tokens):
+        if not active:
+            break
+        window = [rows[i][-max_seq_len:] if max_seq_len else rows[i] for i in active]
+        logits = forward(pad_rows(window, tokenizer.eos_id))
+        last = logits[torch.arange(len(window)), torch.tensor([len(w) - 1 for w in window])]
+        tokens = _next_token(last, temperature, top_p, generator).tolist()
+        still = []
+        for i, token in zip(active, tokens):
+            if token == tokenizer.eos_id:
+                continue
+            rows[i].append(token)
+            texts[i], stopped = cut_at_stop(continuation_text(tokenizer, prompts[i], rows[i][len(prompts[i]):]), stop)
+            if not stopped:
+                still.append(i)
+        active = still
+    return texts

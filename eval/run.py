@@ -1,0 +1,107 @@
+"""Evaluate a checkpoint from the command line; prints a table and writes JSON.
+
+    python -m eval.run --checkpoint <run dir | step dir | HF dir> [--flavor F --set k=v ...]
+        [--core BUNDLE --max-per-task N [--core-tasks a,b]]
+        [--lm-eval TASKS.json|yaml --limit N]
+        [--humaneval --limit N --samples K --temperature T --max-new-tokens M]
+        [--out results.json]
+
+Under ``torchrun`` each rank loads the whole model and scores its share
+(gloo on CPU, NCCL on GPU); rank 0 prints and writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+import torch
+
+from . import dist
+from .load import load_checkpoint
+from .suite import Report, run_evals
+
+
+def table(metrics: dict[str, float]) -> str:
+    width = max((len(k) for k in metrics), default=0)
+    return "\n".join(f"{k:<{width}}  {v:.4f}" for k, v in metrics.items())
+
+
+def report_json(report: Report, source: str, args: argparse.Namespace) -> dict:
+    out = {"checkpoint": source, "args": vars(args), "metrics": report.metrics()}
+    if report.core is not None:
+        out["core"] = {
+            "summary": report.core.summary(),
+            "missing": report.core.missing,
+            "tasks": {k: dataclasses.asdict(v) for k, v in report.core.tasks.items()},
+        }
+    if report.lm_eval is not None:
+        out["lm_eval"] = report.lm_eval
+    if report.humaneval is not None:
+        out["humaneval"] = dataclasses.asdict(report.humaneval)
+    return out
+
+
+def init_distributed() -> str | None:
+    """Join the torchrun process group, if launched by torchrun; returns the device to use."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.distributed.init_process_group("nccl")
+        return f"cuda:{torch.cuda.current_device()}"
+    torch.distributed.init_process_group("gloo")
+    return "cpu"
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    from models.laneformer.convert import parse_overrides
+
+    p = argparse.ArgumentParser(prog="python -m eval.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", required=True, help="run dir, DCP step dir or exported HF folder")
+    p.add_argument("--flavor", help="model flavor (DCP; default: laneformer_config.json)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a config field")
+    p.add_argument("--tokenizer", help="SentencePiece model or folder for a DCP checkpoint (default: the tiny one)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CUDA when present)")
+    p.add_argument("--core", metavar="BUNDLE", help="CORE bundle folder (tasks.csv + eval_data/)")
+    p.add_argument("--max-per-task", type=int, default=None, help="CORE items per task (default: all)")
+    p.add_argument("--core-tasks", help="comma-separated CORE labels (the rest count as missing)")
+    p.add_argument("--lm-eval", metavar="TASKS", help="JSON/YAML file of lm-eval task dicts")
+    p.add_argument("--humaneval", action="store_true", help="HumanEval pass@k (runs model code in a sandbox)")
+    p.add_argument("--limit", type=int, default=None, help="documents per lm-eval task / HumanEval problems")
+    p.add_argument("--samples", type=int, default=1, help="HumanEval samples per problem")
+    p.add_argument("--temperature", type=float, default=0.0, help="HumanEval sampling temperature (0: greedy)")
+    p.add_argument("--max-new-tokens", type=int, default=512, help="HumanEval completion length limit")
+    p.add_argument("--out", help="write the results as JSON here")
+    args = p.parse_args(argv)
+
+    device = init_distributed() or args.device
+    loaded = load_checkpoint(args.checkpoint, flavor=args.flavor, overrides=parse_overrides(args.set),
+                             tokenizer_path=args.tokenizer, device=device)
+    log = print if dist.rank() == 0 else None
+    report = run_evals(
+        loaded.model_fn, loaded.tokenizer, max_seq_len=loaded.max_seq_len, device=loaded.device,
+        core_bundle=args.core, max_per_task=args.max_per_task,
+        core_tasks=args.core_tasks.split(",") if args.core_tasks else None,
+        lm_eval_tasks=args.lm_eval, limit=args.limit,
+        humaneval=args.humaneval, humaneval_limit=args.limit, samples=args.samples,
+        temperature=args.temperature, max_new_tokens=args.max_new_tokens, log=log,
+    )
+    rank = dist.rank()
+    if dist.distributed():
+        torch.distributed.destroy_process_group()
+    if rank != 0:
+        return None
+    print(f"\n{loaded.source}\n{table(report.metrics())}")
+    out = report_json(report, loaded.source, args)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=2)
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

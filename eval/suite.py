@@ -1,0 +1,70 @@
+"""One entry point for every evaluation, used by ``eval.run`` and the trainer.
+
+``evaluate(model_fn, tokenizer, ...)`` returns flat ``name -> float`` metrics
+(``core/...``, ``lm_eval/...``, ``humaneval/...``), the same on every rank;
+``run_evals`` returns the detailed results (``Report``) that ``eval.run``
+prints and writes. Every rank must call them with the same arguments; the
+model should be in eval mode (forwards run under ``torch.no_grad``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from . import dist
+from .core import CoreResult, evaluate_core
+
+
+@dataclasses.dataclass
+class Report:
+    core: CoreResult | None = None
+    lm_eval: dict | None = None  # lm-eval's per-task results
+    humaneval: object | None = None  # eval.humaneval.HumanEvalResult
+
+    def metrics(self) -> dict[str, float]:
+        out = {}
+        if self.core is not None:
+            out.update(self.core.metrics())
+        if self.lm_eval is not None:
+            from .lm_harness import flat_metrics
+
+            out.update(flat_metrics(self.lm_eval))
+        if self.humaneval is not None:
+            out.update(self.humaneval.metrics())
+        return out
+
+
+def run_evals(model_fn, tokenizer, *, max_seq_len: int, device: torch.device | str = "cpu",
+              core_bundle: str | Path | None = None, max_per_task: int | None = 500, core_tasks=None,
+              lm_eval_tasks: list[dict] | str | Path | None = None, limit: int | float | None = None,
+              humaneval: bool = False, humaneval_limit: int | None = None, samples: int = 1,
+              temperature: float = 0.0, max_new_tokens: int = 512, log: Callable[[str], None] | None = None) -> Report:
+    """Run the requested evaluations: CORE (``core_bundle``), lm-eval tasks, HumanEval."""
+    report = Report()
+    if core_bundle is not None:
+        report.core = evaluate_core(model_fn, tokenizer, core_bundle, max_seq_len=max_seq_len,
+                                    max_per_task=max_per_task, labels=core_tasks, device=device, log=log)
+        if log:
+            log(report.core.summary())
+    if lm_eval_tasks is not None:
+        from .lm_harness import LaneformerLM, load_task_file, run_lm_eval
+
+        tasks = lm_eval_tasks if isinstance(lm_eval_tasks, list) else load_task_file(lm_eval_tasks)
+        lm = LaneformerLM(model_fn, tokenizer, max_seq_len=max_seq_len, device=device)
+        report.lm_eval = dist.broadcast_object(run_lm_eval(lm, tasks, limit=limit))
+    if humaneval:
+        from .humaneval import evaluate_humaneval
+
+        report.humaneval = evaluate_humaneval(model_fn, tokenizer, max_seq_len=max_seq_len, device=device,
+                                              limit=humaneval_limit, samples=samples, temperature=temperature,
+                                              max_new_tokens=max_new_tokens)
+    return report
+
+
+def evaluate(model_fn, tokenizer, **kwargs) -> dict[str, float]:
+    """Flat metrics of ``run_evals`` (same keyword arguments), for a trainer's logger."""
+    return run_evals(model_fn, tokenizer, **kwargs).metrics()

@@ -1,0 +1,303 @@
+"""CORE (eval.core): decisions checked by hand on toy tasks, the real bundle, and 2 ranks.
+
+The toy model is a bigram table over a word-level tokenizer, so every
+continuation's mean cross-entropy is a sum of -ln p written in the test. Also
+run as a torchrun worker: ``python tests/test_eval_core.py --worker OUT_DIR``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from eval.core import centered, evaluate_core, score_task  # noqa: E402
+from eval.core_data import CORE_LABELS, CoreTask, load_items, read_manifest  # noqa: E402
+from eval.core_prompts import build, crop_left, fewshot_examples, render  # noqa: E402
+
+BUNDLE = Path("/work/shared/core_eval_bundle")
+needs_bundle = pytest.mark.skipif(not (BUNDLE / "tasks.csv").is_file(), reason="CORE bundle not present")
+
+
+class WordTokenizer:
+    """Whitespace-separated words; ids 0, 1, 2 are <unk>, <s>, </s>."""
+
+    bos_id, eos_id = 1, 2
+
+    def __init__(self, words: list[str]):
+        self.vocab = ["<unk>", "<s>", "</s>", *dict.fromkeys(words)]
+        self.ids = {w: i for i, w in enumerate(self.vocab)}
+        self.vocab_size = len(self.vocab)
+
+    def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
+        return [self.bos_id] * bos + [self.ids[w] for w in text.split()] + [self.eos_id] * eos
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(self.vocab[i] for i in ids if i > 2)
+
+
+class Bigram:
+    """logits[t] = ln P(next | token t): the given probabilities, the rest of the mass spread evenly."""
+
+    def __init__(self, tokenizer: WordTokenizer, probs: dict[str, dict[str, float]]):
+        v = tokenizer.vocab_size
+        self.table = torch.full((v, v), -math.log(v))
+        for prev, nexts in probs.items():
+            rest = (1 - sum(nexts.values())) / (v - len(nexts))
+            row = torch.full((v,), math.log(rest))
+            for word, p in nexts.items():
+                row[tokenizer.ids[word]] = math.log(p)
+            self.table[tokenizer.ids[prev]] = row
+        self.calls = 0
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.table[ids]
+
+
+PROBS = {
+    "is": {"blue": 0.5, "red": 0.2, "dark": 0.1},
+    "dark": {"red": 0.9},
+    "dog": {"barks": 0.6, "meows": 0.01, "sleeps": 0.3},
+    "cat": {"barks": 0.05, "meows": 0.7, "sleeps": 0.1},
+    "barks": {"loudly": 0.5},
+    "two": {"three": 0.6},
+    "three": {"four": 0.6, "five": 0.3},
+    "five": {"six": 0.6},
+}
+MC_ITEMS = [
+    # blue -ln .5 = 0.69 < red -ln .2 = 1.61: picks 0, correct
+    {"query": "the sky is", "choices": ["blue", "red"], "gold": 0},
+    # red 1.61; "dark red" mean(-ln .1, -ln .9) = (2.30 + 0.11) / 2 = 1.20: picks 1, wrong
+    # (by the sum, 2.41 > 1.61, it would have been right: CORE uses the mean)
+    {"query": "the rose is", "choices": ["red", "dark red"], "gold": 0},
+    # red 1.61 > blue 0.69: picks 1, correct
+    {"query": "the grass is", "choices": ["red", "blue"], "gold": 1},
+]
+SCHEMA_ITEMS = [
+    # dog: mean(-ln .6, -ln .5) = 0.60; cat: mean(-ln .05, -ln .5) = 1.84: picks 1, correct
+    {"context_options": ["the cat", "the dog"], "continuation": "barks loudly", "gold": 1},
+    # dog -ln .01 = 4.61; cat -ln .7 = 0.36: picks 1, correct
+    {"context_options": ["the dog", "the cat"], "continuation": "meows", "gold": 1},
+    # cat -ln .1 = 2.30; dog -ln .3 = 1.20: picks 1, wrong
+    {"context_options": ["the cat", "the dog"], "continuation": "sleeps", "gold": 0},
+]
+LM_ITEMS = [
+    {"context": "one two", "continuation": "three four"},  # argmax: two->three, three->four: correct
+    {"context": "one two", "continuation": "three five"},  # argmax after three is four, not five: wrong
+    {"context": "four five ", "continuation": "six"},  # five->six: correct (context is stripped)
+]
+TOY = {"multiple_choice": MC_ITEMS, "schema": SCHEMA_ITEMS, "language_modeling": LM_ITEMS}
+WORDS = sorted({w for items in TOY.values() for it in items for v in it.values()
+                for w in (" ".join(v) if isinstance(v, list) else str(v)).split()} | {"Answer:"})
+
+
+def toy_task(task_type: str, shots: int = 0, delimiter: str = " ") -> CoreTask:
+    return CoreTask(label=f"toy_{task_type}", type=task_type, shots=shots, delimiter=delimiter,
+                    file="toy.jsonl", baselines={"v1": 0.25, "v2": 0.5})
+
+
+@pytest.fixture
+def toy():
+    tok = WordTokenizer(WORDS)
+    return tok, Bigram(tok, PROBS)
+
+
+@pytest.mark.parametrize("task_type", list(TOY))
+def test_toy_task_accuracy_by_hand(toy, task_type):
+    tok, model = toy
+    acc = score_task(model, tok, toy_task(task_type), TOY[task_type], max_seq_len=None)
+    assert acc == pytest.approx(2 / 3)
+    assert model.calls == 3  # one forward per item, all options batched
+
+
+@pytest.mark.parametrize("task_type", list(TOY))
+def test_few_shot_prefix_keeps_bigram_decisions(toy, task_type):
+    """Few-shot examples only add a prefix: a bigram model decides the same way."""
+    tok, model = toy
+    acc = score_task(model, tok, toy_task(task_type, shots=2), TOY[task_type], max_seq_len=None)
+    assert acc == pytest.approx(2 / 3)
+
+
+def test_scored_spans(toy):
+    tok, _ = toy
+    rows, starts, ends = build(toy_task("multiple_choice"), MC_ITEMS, 1, tok, None)
+    assert [tok.decode(r[s:e]) for r, s, e in zip(rows, starts, ends)] == ["red", "dark red"]
+    rows, starts, ends = build(toy_task("schema"), SCHEMA_ITEMS, 0, tok, None)
+    assert [tok.decode(r[s:e]) for r, s, e in zip(rows, starts, ends)] == ["barks loudly"] * 2
+    rows, starts, ends = build(toy_task("language_modeling"), LM_ITEMS, 0, tok, None)
+    assert len(rows) == 1 and tok.decode(rows[0][starts[0]:ends[0]]) == "three four"
+
+
+def test_prompt_text_with_few_shot():
+    mc = render("multiple_choice", {"query": "Q2", "choices": ["x", "y"], "gold": 0}, "\nAnswer: ",
+                [{"query": "Q1", "choices": ["a", "b"], "gold": 1}])
+    assert mc == ["Q1\nAnswer: b\n\nQ2\nAnswer: x", "Q1\nAnswer: b\n\nQ2\nAnswer: y"]
+    schema = render("schema", {"context_options": ["A1", "A2"], "continuation": "c2", "gold": 0}, " ",
+                    [{"context_options": ["B1", "B2"], "continuation": "c1", "gold": 1}])
+    assert schema == ["B2 c1\n\nA1 c2", "B2 c1\n\nA2 c2"]
+    lm = render("language_modeling", {"context": " ctx2 ", "continuation": "cont2"}, "\nAnswer: ",
+                [{"context": "ctx1 ", "continuation": "cont1"}])
+    assert lm == ["ctx1\nAnswer: cont1\n\nctx2\nAnswer:", "ctx1\nAnswer: cont1\n\nctx2\nAnswer: cont2"]
+
+
+def test_few_shot_sampling_seed():
+    """Item idx takes random.Random(1234 + idx).sample of the other indices."""
+    items = [{"context": f"w{i}", "continuation": "c"} for i in range(6)]
+    want = random.Random(1234 + 2).sample([0, 1, 3, 4, 5], 3)
+    examples = fewshot_examples(items, 2, 3)
+    assert examples == [items[i] for i in want]
+    assert render("language_modeling", items[2], " ", examples)[1] == "".join(f"w{i} c\n\n" for i in want) + "w2 c"
+
+
+def test_crop_left_shifts_spans():
+    rows, starts, ends = crop_left([[1, 5, 6, 7, 8, 9]], [4], [6], max_len=4)
+    assert (rows, starts, ends) == ([[6, 7, 8, 9]], [2], [4])
+    rows, starts, ends = crop_left([[1, 5, 6, 7]], [1], [4], max_len=2)  # span longer than the window
+    assert (rows, starts, ends) == ([[6, 7]], [1], [2])
+
+
+def test_centered_accuracy():
+    assert centered(2 / 3, 0.25) == pytest.approx((2 / 3 - 0.25) / 0.75)
+    assert centered(0.25, 0.25) == 0.0 and centered(1.0, 0.62) == 1.0
+
+
+def write_toy_bundle(root: Path, skip: tuple[str, ...] = ()) -> Path:
+    """A bundle with the real tasks.csv rows (delimiter " ") and the toy items for every file."""
+    with open(BUNDLE / "tasks.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    with open(root / "tasks.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, "continuation_delimiter": " "})
+            path = root / "eval_data" / row["file"]
+            if row["label"] in skip:
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(it) + "\n" for it in TOY[row["type"]]))
+    return root
+
+
+@needs_bundle
+def test_full_core_on_toy_bundle(toy, tmp_path):
+    tok, model = toy
+    result = evaluate_core(model, tok, write_toy_bundle(tmp_path), max_seq_len=None)
+    assert result.complete and result.name() == "CORE" and not result.missing
+    assert all(t.accuracy == pytest.approx(2 / 3) and t.n_items == 3 for t in result.tasks.values())
+    # copa: baseline 50 in both versions -> (2/3 - 1/2) / (1/2) = 1/3
+    assert result.tasks["copa"].centered == pytest.approx({"v1": 1 / 3, "v2": 1 / 3})
+    # commonsense_qa: v1 20 -> (2/3 - .2) / .8 = 0.5833; v2 40.3 -> (2/3 - .403) / .597 = 0.4417
+    assert result.tasks["commonsense_qa"].centered["v1"] == pytest.approx(0.58333, abs=1e-5)
+    assert result.tasks["commonsense_qa"].centered["v2"] == pytest.approx(0.44165, abs=1e-5)
+    manifest = read_manifest(tmp_path)
+    for v in ("v1", "v2"):
+        want = sum(centered(2 / 3, manifest[k].baselines[v]) for k in CORE_LABELS) / 22
+        assert result.metrics()[f"core/CORE_{v}"] == pytest.approx(want)
+    assert "core/partial_CORE_v1" not in result.metrics()
+
+
+@needs_bundle
+def test_missing_task_makes_partial_core(toy, tmp_path):
+    tok, model = toy
+    result = evaluate_core(model, tok, write_toy_bundle(tmp_path, skip=("squad",)), max_seq_len=None,
+                           labels=[k for k in CORE_LABELS if k != "copa"])
+    assert result.missing == {"copa": "not selected", "squad": "no file eval_data/reading_comprehension/squad.jsonl"}
+    assert result.name() == "partial CORE (20/22)"
+    assert "core/CORE_v1" not in result.metrics() and result.metrics()["core/n_tasks"] == 20
+
+
+def tiny_random_model(seed: int = 0):
+    from models.laneformer import laneformer_configs
+    from models.laneformer.model import Laneformer
+    from train.cpu import DenseMaskFlexAttention
+
+    config = dataclasses.replace(laneformer_configs["tiny"](), inner_attention=DenseMaskFlexAttention.Config())
+    torch.manual_seed(seed)
+    model = Laneformer(config)
+    model.init_states()
+    return model.eval()
+
+
+@needs_bundle
+def test_subsample_is_nanochat_shuffle():
+    copa = read_manifest(BUNDLE)["copa"]
+    assert [it["query"] for it in load_items(BUNDLE, copa, 3)] == [
+        "Political violence broke out in the nation, therefore",
+        "The kidnappers released the hostage, because",
+        "The bowling ball knocked over the bowling pins, because",
+    ]
+    assert copa.delimiter == " " and read_manifest(BUNDLE)["piqa"].delimiter == "\nAnswer: "
+
+
+@needs_bundle
+def test_real_bundle_partial_core():
+    from data.tokenizer import Tokenizer
+
+    result = evaluate_core(tiny_random_model(), Tokenizer(), BUNDLE, max_seq_len=128, max_per_task=3)
+    # hellaswag.jsonl (two tasks), squad.jsonl and coqa.jsonl are not in the bundle
+    assert result.missing == {
+        "hellaswag_zeroshot": "no file eval_data/language_understanding/hellaswag.jsonl",
+        "hellaswag": "no file eval_data/language_understanding/hellaswag.jsonl",
+        "squad": "no file eval_data/reading_comprehension/squad.jsonl",
+        "coqa": "no file eval_data/reading_comprehension/coqa.jsonl",
+    }
+    assert len(result.tasks) == 18 and all(t.n_items == 3 for t in result.tasks.values())
+    assert all(t.accuracy in (0, 1 / 3, 2 / 3, 1) for t in result.tasks.values())
+    summary = result.summary()
+    assert summary.startswith("partial CORE (18/22): v1 ") and "missing: hellaswag_zeroshot, hellaswag, squad, coqa" in summary
+    metrics = result.metrics()
+    assert "core/CORE_v1" not in metrics and math.isfinite(metrics["core/partial_CORE_v2"])
+
+
+TWO_RANK_TASKS = ["copa", "winograd", "bigbench_operators", "arc_easy"]  # MC, schema, LM (10-shot), MC
+
+
+def two_rank_worker(out_dir: Path) -> None:
+    import torch.distributed as tdist
+
+    from data.tokenizer import Tokenizer
+
+    tdist.init_process_group("gloo")
+    model = tiny_random_model()
+    calls = {"n": 0}
+
+    def model_fn(ids):
+        calls["n"] += 1
+        return model(ids)
+
+    result = evaluate_core(model_fn, Tokenizer(), BUNDLE, max_seq_len=256, max_per_task=5, labels=TWO_RANK_TASKS)
+    (out_dir / f"rank{tdist.get_rank()}.json").write_text(json.dumps({"metrics": result.metrics(), "forwards": calls["n"]}))
+    tdist.destroy_process_group()
+
+
+@needs_bundle
+@pytest.mark.slow
+def test_two_ranks_equal_one_rank(tmp_path):
+    from data.tokenizer import Tokenizer
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(Path(__file__).resolve()), "--worker", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    single = evaluate_core(tiny_random_model(), Tokenizer(), BUNDLE, max_seq_len=256, max_per_task=5,
+                           labels=TWO_RANK_TASKS).metrics()
+    assert ranks[0]["metrics"] == ranks[1]["metrics"] == single
+    # 5 items on 2 ranks: 3 forwards each per task, rank 1 padding with one dummy forward
+    assert ranks[0]["forwards"] == ranks[1]["forwards"] == 3 * len(TWO_RANK_TASKS)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    two_rank_worker(Path(sys.argv[2]))

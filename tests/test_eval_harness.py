@@ -1,0 +1,220 @@
+"""lm-eval through eval.lm_harness, offline; the same on an exported HF folder; eval.run end to end.
+
+The toy bigram model and word tokenizer of test_eval_core make every
+log-likelihood and greedy continuation computable by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_eval_core import BUNDLE, PROBS, WORDS, Bigram, WordTokenizer, needs_bundle, tiny_random_model  # noqa: E402
+
+pytest.importorskip("lm_eval")
+from lm_eval.api.instance import Instance  # noqa: E402
+
+from eval.lm_harness import LaneformerLM, flat_metrics, load_task_file, run_lm_eval  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_datasets"))
+
+
+@pytest.fixture
+def toy_lm():
+    tok = WordTokenizer(WORDS + ["<x>"])
+    return LaneformerLM(Bigram(tok, PROBS), tok, max_seq_len=16, batch_size=2), tok.vocab_size
+
+
+def request(kind: str, *args) -> Instance:
+    return Instance(request_type=kind, doc={}, arguments=args, idx=0)
+
+
+def test_loglikelihood_by_hand(toy_lm):
+    lm, v = toy_lm
+    out = lm.loglikelihood([
+        request("loglikelihood", "the sky is", " blue"),  # ln .5, greedy
+        request("loglikelihood", "the sky is", " red"),  # ln .2, not greedy
+        request("loglikelihood", "the rose is", " dark red"),  # ln .1 + ln .9
+        request("loglikelihood", "", "the sky"),  # empty context: BOS, then two uniform rows
+    ])
+    want = [(math.log(0.5), True), (math.log(0.2), False), (math.log(0.1) + math.log(0.9), False),
+            (-2 * math.log(v), False)]
+    for (ll, greedy), (want_ll, want_greedy) in zip(out, want):
+        assert ll == pytest.approx(want_ll, abs=1e-5) and greedy == want_greedy
+
+
+def test_loglikelihood_rolling_over_windows(toy_lm):
+    lm, v = toy_lm
+    lm.max_length = 3  # 5 tokens with BOS: two windows
+    (total,) = lm.loglikelihood_rolling([request("loglikelihood_rolling", "one two three four")])
+    # BOS->one and one->two are uniform rows; two->three .6; three->four .6
+    assert total == pytest.approx(-2 * math.log(v) + 2 * math.log(0.6), abs=1e-5)
+
+
+def test_generate_until_stops(toy_lm):
+    lm, _ = toy_lm
+    out = lm.generate_until([
+        request("generate_until", "one two", {"until": ["five"], "max_gen_toks": 5}),
+        request("generate_until", "the dog", {"until": ["loudly"], "max_gen_toks": 5}),
+        request("generate_until", "one two", {"until": [], "max_gen_toks": 1}),
+    ])
+    # greedy: two->three->four, then a uniform row picks <unk> (decoded as nothing)
+    assert out == [" three four", " barks ", " three"]
+
+
+MC_DOCS = [
+    {"query": "the sky is", "choices": ["blue", "red"], "gold": 0},  # ln .5 > ln .2: right
+    {"query": "the rose is", "choices": ["red", "dark red"], "gold": 0},  # by the sum, ln .2 > ln .09: right
+    {"query": "the grass is", "choices": ["red", "blue"], "gold": 1},  # right
+    {"query": "the cat", "choices": ["barks", "meows"], "gold": 0},  # meows .7 > barks .05: wrong
+    {"query": "the dog", "choices": ["meows", "sleeps"], "gold": 1},  # sleeps .3 > meows .01: right
+]
+GEN_DOCS = [
+    {"context": "one two", "continuation": "three four"},  # right
+    {"context": "one two", "continuation": "three five"},  # greedy says four: wrong
+    {"context": "four five", "continuation": "six"},  # right
+    {"context": "the dog", "continuation": "barks loudly"},  # cut at "loudly": wrong
+    {"context": "the sky is", "continuation": "blue"},  # right
+]
+
+
+def write_tasks(root: Path) -> Path:
+    """A task file with relative data_files, as a user would write one."""
+    for name, docs in (("mc.jsonl", MC_DOCS), ("gen.jsonl", GEN_DOCS)):
+        (root / name).write_text("".join(json.dumps(d) + "\n" for d in docs))
+    common = {"dataset_path": "json", "test_split": "test"}
+    tasks = [
+        {**common, "task": "toy_mc", "dataset_kwargs": {"data_files": {"test": "mc.jsonl"}},
+         "output_type": "multiple_choice", "doc_to_text": "{{query}}", "doc_to_choice": "{{choices}}",
+         "doc_to_target": "{{gold}}", "metric_list": [{"metric": "acc"}]},
+        {**common, "task": "toy_gen", "dataset_kwargs": {"data_files": {"test": "gen.jsonl"}},
+         "output_type": "generate_until", "doc_to_text": "{{context}}", "doc_to_target": "{{continuation}}",
+         "generation_kwargs": {"until": ["loudly"], "max_gen_toks": 3},
+         "metric_list": [{"metric": "exact_match", "regexes_to_ignore": ["^\\s+|\\s+$"]}]},
+    ]
+    path = root / "tasks.json"
+    path.write_text(json.dumps(tasks))
+    return path
+
+
+def test_lm_eval_offline_local_tasks(toy_lm, tmp_path):
+    lm, _ = toy_lm
+    tasks = load_task_file(write_tasks(tmp_path))
+    assert Path(tasks[0]["dataset_kwargs"]["data_files"]["test"]).is_absolute()
+    metrics = flat_metrics(run_lm_eval(lm, tasks))
+    assert metrics["lm_eval/toy_mc/acc"] == pytest.approx(4 / 5)
+    assert metrics["lm_eval/toy_gen/exact_match"] == pytest.approx(3 / 5)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A tiny random Laneformer, as a DCP step dir and as an exported HF folder."""
+    from models.laneformer.hf.checkpoint_io import save_dcp
+    from models.laneformer.hf.config_map import write_native_config
+    from models.laneformer.hf.export import export_hf
+
+    root = tmp_path_factory.mktemp("ckpt")
+    model = tiny_random_model(seed=1)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    step = root / "run" / "checkpoints" / "step-10"
+    save_dcp(state, step)
+    write_native_config(model.config, step)
+    export_hf(state, model.config, root / "hf", tokenizer_dir=Path(__file__).resolve().parent.parent / "assets" / "tokenizer")
+    return model, step, root / "hf"
+
+
+def test_hf_folder_scores_like_the_training_model(exported):
+    from data.tokenizer import Tokenizer
+    from eval.load import load_checkpoint
+
+    model, _, hf_dir = exported
+    loaded = load_checkpoint(hf_dir, device="cpu")
+    reqs = [request("loglikelihood", "The capital of France is", " Paris"),
+            request("loglikelihood", "def f(x):\n    return", " x + 1")]
+    native = LaneformerLM(model, Tokenizer(), max_seq_len=64).loglikelihood(reqs)
+    hf = LaneformerLM(loaded.model_fn, loaded.tokenizer, max_seq_len=loaded.max_seq_len).loglikelihood(reqs)
+    for (a, ga), (b, gb) in zip(native, hf):
+        assert a == pytest.approx(b, abs=1e-4) and ga == gb
+    gen = [request("generate_until", "Once upon a time", {"until": ["\n"], "max_gen_toks": 6})]
+    assert LaneformerLM(model, Tokenizer(), max_seq_len=64).generate_until(gen) == \
+        LaneformerLM(loaded.model_fn, loaded.tokenizer, max_seq_len=64).generate_until(gen)
+
+
+@needs_bundle
+def test_run_cli_on_dcp_and_hf(exported, tmp_path, capsys):
+    from eval.run import main
+
+    _, step, hf_dir = exported
+    tasks = write_tasks(tmp_path)
+    out = main(["--checkpoint", str(step.parent.parent), "--core", str(BUNDLE), "--core-tasks", "copa,winograd",
+                "--max-per-task", "2", "--lm-eval", str(tasks), "--limit", "5", "--out", str(tmp_path / "r.json")])
+    assert json.loads((tmp_path / "r.json").read_text())["metrics"] == out["metrics"]
+    assert out["checkpoint"] == f"dcp:{step}"
+    assert out["core"]["summary"].startswith("partial CORE (2/22)")
+    assert {"core/copa/acc", "core/partial_CORE_v1", "lm_eval/toy_mc/acc", "lm_eval/toy_gen/exact_match"} <= set(out["metrics"])
+    printed = capsys.readouterr().out
+    assert "core/partial_CORE_v2" in printed and "missing: hellaswag_zeroshot" in printed
+    hf_out = main(["--checkpoint", str(hf_dir), "--core", str(BUNDLE), "--core-tasks", "copa,winograd",
+                   "--max-per-task", "2"])
+    assert hf_out["metrics"] == pytest.approx({k: v for k, v in out["metrics"].items() if k.startswith("core/")})
+
+
+@needs_bundle
+def test_trainer_entry_point(toy_lm, tmp_path):
+    """What a trainer hook calls: flat float metrics for CORE and lm-eval together."""
+    from test_eval_core import write_toy_bundle
+
+    from eval.suite import evaluate
+
+    lm, _ = toy_lm
+    (tmp_path / "bundle").mkdir()
+    metrics = evaluate(lm.model_fn, lm.tokenizer, max_seq_len=16, core_bundle=write_toy_bundle(tmp_path / "bundle"),
+                       max_per_task=None, lm_eval_tasks=write_tasks(tmp_path), limit=5)
+    assert metrics["core/copa/acc"] == pytest.approx(2 / 3) and "core/CORE_v1" in metrics
+    assert metrics["lm_eval/toy_mc/acc"] == pytest.approx(4 / 5)
+    assert all(isinstance(v, float | int) for v in metrics.values())
+
+
+def two_rank_worker(out_dir: Path) -> None:
+    """Run the toy lm-eval tasks on this rank; write the results (rank 0) and the forward count."""
+    import torch.distributed as tdist
+
+    tdist.init_process_group("gloo")
+    tok = WordTokenizer(WORDS + ["<x>"])
+    model = Bigram(tok, PROBS)
+    results = run_lm_eval(LaneformerLM(model, tok, max_seq_len=16, batch_size=2), load_task_file(out_dir / "tasks.json"))
+    rank = tdist.get_rank()
+    (out_dir / f"rank{rank}.json").write_text(json.dumps({"results": results, "forwards": model.calls}))
+    tdist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_lm_eval_two_ranks(tmp_path):
+    import subprocess
+
+    write_tasks(tmp_path)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(Path(__file__).resolve()), "--worker", str(tmp_path)]
+    env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "hf_datasets")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[1]["results"] is None and ranks[0]["forwards"] == ranks[1]["forwards"]
+    metrics = flat_metrics(ranks[0]["results"])
+    assert metrics["lm_eval/toy_mc/acc"] == pytest.approx(4 / 5)
+    assert metrics["lm_eval/toy_gen/exact_match"] == pytest.approx(3 / 5)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    two_rank_worker(Path(sys.argv[2]))
