@@ -1,4 +1,4 @@
-"""Build the bundled sample dataset for tiny CPU recipes: assets/sample_data/{prose,code}.
+"""Build the bundled sample dataset for tiny CPU recipes: assets/sample_data/{prose,code,heldout}.
 
     python -m data.make_sample_data [--out assets/sample_data] [--code-bytes 1500000]
 
@@ -24,6 +24,9 @@ from data.tokenizer import TINY_TOKENIZER
 SOURCES = {
     "prose": ("license texts (/usr/share/common-licenses) and pydoc_data topics", lambda a: prose_documents()),
     "code": ("CPython standard library modules, sorted by path", lambda a: code_documents(a.code_bytes, max_file_bytes=40_000)),
+    # Held out from training (the stdlib modules right after "code"): validation loss / bpb.
+    "heldout": ("the next CPython standard library modules after 'code', for validation", lambda a: code_documents(
+        a.code_bytes + 150_000, max_file_bytes=40_000)[len(code_documents(a.code_bytes, max_file_bytes=40_000)):]),
 }
 
 

@@ -101,8 +101,11 @@ def wsd_lr(step, *, lr, warmup, total, decay_fraction, shape, min_ratio):
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("short")
+    shared = REPO.parent / "shared" / "core_eval_bundle"
     result = train("tiny.toml", *short(tmp, 20, "schedule.warmup_steps=5", "schedule.decay_fraction=0.4",
-                                       "schedule.min_lr_ratio=0.1", "logging.wandb_mode=offline"))
+                                       "schedule.min_lr_ratio=0.1", "logging.wandb_mode=offline",
+                                       "eval.every=10", f"eval.core_bundle={shared}", "eval.core_max_per_task=1",
+                                       f"eval.lm_eval_tasks={tmp / 'missing-tasks.json'}"))
     assert result.returncode == 0, result.stderr[-3000:]
     return tmp / "run"
 
@@ -262,3 +265,17 @@ def test_tiny_overfits_a_repeated_batch(tmp_path, nproc, compile):
     assert result.returncode == 0, result.stderr[-3000:]
     values = losses(tmp_path / "run")
     assert values[25] < 0.3 * values[1], values
+
+
+def test_evals_run_in_the_loop_and_a_failing_one_does_not_stop_training(short_run):
+    import json
+
+    for step in (10, 20):
+        report = json.loads((short_run / "evals" / f"step-{step}.json").read_text())
+        m = report["metrics"]
+        assert 0 < m["eval/val_loss"] < 10 and 0 < m["eval/val_bpb"] < 10
+        assert "core/partial_CORE_v2" in m and m["core/n_tasks"] == 18
+        assert m["eval/wall_time_s"] > 0
+        assert len(report["errors"]) == 1 and "missing-tasks.json" in report["errors"][0]
+    assert metrics(short_run)[20]["eval/val_loss"] == json.loads(
+        (short_run / "evals" / "step-20.json").read_text())["metrics"]["eval/val_loss"]

@@ -24,6 +24,7 @@ from data.loader import MixtureDataLoader, SentencePieceTokenizer, build_mixture
 from data.mixture import Mixture
 from models.laneformer import Laneformer, model_registry
 from train.cpu import adapt_config
+from train.eval_hook import EvalHook
 from train.recipe import REPO, Recipe, RecipeError
 from train.trainer import GuardedOptimizers, LaneformerTrainer, MilestoneCheckpointManager
 
@@ -148,7 +149,7 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
             last_save_model_only=False,
             initial_load_path=init_path,
             initial_load_in_hf=init_hf,
-            initial_load_model_only=c.init_weights_only,
+            initial_load_model_only=c.init_weights_only if init_path else True,
         ),
         metrics=MetricsProcessor.Config(
             log_freq=log.interval,
@@ -158,6 +159,13 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
         ),
         comm=CommConfig(),
         debug=DebugConfig(seed=recipe.run.seed, deterministic=recipe.run.deterministic),
+        hooks=[EvalHook.Config(
+            **{k: v for k, v in dataclasses.asdict(recipe.eval).items()
+               if k not in ("val_sources", "core_bundle", "lm_eval_tasks")},
+            val_sources=[repo_path(p) for p in recipe.eval.val_sources],
+            core_bundle=recipe.eval.core_bundle and repo_path(recipe.eval.core_bundle),
+            lm_eval_tasks=recipe.eval.lm_eval_tasks and repo_path(recipe.eval.lm_eval_tasks),
+        )],
         skip_spikes=t.skip_spikes,
         spike_sigmas=t.spike_sigmas,
         spike_window=t.spike_window,

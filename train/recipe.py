@@ -124,6 +124,18 @@ class Logging:
 
 
 @dataclass(kw_only=True)
+class Eval:
+    every: int = 0  # steps between evals; 0: only at the end
+    at_end: bool = True
+    val_sources: list[str] = field(default_factory=list)  # held-out tokenized dirs
+    val_samples: int = 64
+    core_bundle: str | None = None  # a DCLM CORE bundle folder
+    core_max_per_task: int = 50
+    lm_eval_tasks: str | None = None  # a JSON/YAML file of lm-eval task dicts
+    lm_eval_limit: int | None = None
+
+
+@dataclass(kw_only=True)
 class Recipe:
     run: Run
     model: Model
@@ -134,6 +146,7 @@ class Recipe:
     parallel: Parallel = field(default_factory=Parallel)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     logging: Logging = field(default_factory=Logging)
+    eval: Eval = field(default_factory=Eval)
     path: str = ""  # the file it came from
 
     @property
@@ -334,6 +347,9 @@ def resolve(recipe: Recipe) -> None:
     c = recipe.checkpoint
     if c.interval <= 0 or c.keep_last < 0:
         fail("checkpoint", "interval must be > 0 and keep_last >= 0")
+    e = recipe.eval
+    if e.every < 0 or e.val_samples <= 0 or e.core_max_per_task <= 0:
+        fail("eval", "every must be >= 0, val_samples and core_max_per_task > 0")
     if recipe.logging.interval <= 0:
         fail("logging", f"interval: must be > 0 (got {recipe.logging.interval})")
     if recipe.parallel.replicate < 1 or recipe.parallel.shard == 0 or recipe.parallel.shard < -1:

@@ -101,6 +101,7 @@ class MilestoneCheckpointManager(CheckpointManager):
 class LaneformerTrainer(Trainer):
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):
+        hooks: list = field(default_factory=list)  # Configurable configs whose objects have after_step
         skip_spikes: bool = True
         spike_sigmas: float = 6.0
         spike_window: int = 100
@@ -108,7 +109,7 @@ class LaneformerTrainer(Trainer):
     def __init__(self, config: Config):
         super().__init__(config)
         self.guard = StepGuard(config.spike_sigmas, config.spike_window, config.skip_spikes)
-        self.hooks: list[Hook] = [LogSourceTokens()]
+        self.hooks: list[Hook] = [LogSourceTokens(), *(h.build() for h in config.hooks)]
         if dist.get_rank() == 0:
             self.metrics_processor.logger.add_logger(MetricsJsonl(Path(config.dump_folder) / "metrics.jsonl"))
         self._step_loss = torch.zeros((), device=self.device)

@@ -1,0 +1,131 @@
+"""Evaluation during training: every N steps and at the end, never fatal.
+
+Validation loss and bits-per-byte on held-out tokenized sources, DCLM CORE on a
+bundle, and lm-eval tasks. Results go to stdout, the metric loggers
+(tensorboard, wandb) and ``<run>/evals/step-<N>.json`` with the eval's wall
+time. A failing part is logged and written to that JSON; the others and training go on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from torchtitan.config import Configurable
+from torchtitan.tools.logging import logger
+
+from data.mixture import Mixture, SourceSpec
+
+if TYPE_CHECKING:
+    from train.trainer import LaneformerTrainer
+
+
+def token_bytes(sp) -> np.ndarray:
+    """UTF-8 bytes each id stands for (byte-fallback ids: 1; BOS/EOS/unk: 0), for bits-per-byte."""
+    sizes = np.zeros(sp.get_piece_size(), dtype=np.int64)
+    for i in range(sp.get_piece_size()):
+        if sp.is_byte(i):
+            sizes[i] = 1
+        elif not (sp.is_control(i) or sp.is_unknown(i)):
+            sizes[i] = len(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
+    return sizes
+
+
+class EvalHook(Configurable):
+    @dataclass(kw_only=True, slots=True)
+    class Config(Configurable.Config):
+        every: int = 0  # steps; 0: only at the end
+        at_end: bool = True
+        val_sources: list[str] = field(default_factory=list)
+        val_samples: int = 64
+        core_bundle: str | None = None
+        core_max_per_task: int = 50
+        lm_eval_tasks: str | None = None
+        lm_eval_limit: int | None = None
+
+    def __init__(self, config: Config):
+        self.config = config
+        self._val: Mixture | None = None
+
+    def after_step(self, trainer: LaneformerTrainer) -> None:
+        c, step = self.config, trainer.step
+        due = (c.every and step % c.every == 0) or (c.at_end and step == trainer.config.training.steps)
+        if not due or not (c.val_sources or c.core_bundle or c.lm_eval_tasks):
+            return
+        start, results, errors = time.perf_counter(), {}, []
+        model = trainer.model_parts[0]
+        model.eval()
+        parts = [(self.validation, c.val_sources), (self.core, c.core_bundle), (self.lm_eval, c.lm_eval_tasks)]
+        for run, wanted in parts:
+            if not wanted:
+                continue
+            try:  # an eval must never stop training
+                with torch.no_grad():
+                    results.update(run(trainer))
+            except Exception as e:
+                errors.append(f"{run.__name__}: {type(e).__name__}: {e}")
+                logger.error(f"eval at step {step} failed: {errors[-1]}\n{traceback.format_exc()}")
+        model.train()
+        results["eval/wall_time_s"] = time.perf_counter() - start
+        trainer.metrics_processor.logger.log(results, step)
+        if dist.get_rank() == 0:
+            logger.info(f"eval at step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in results.items()))
+            out = Path(trainer.config.dump_folder) / "evals" / f"step-{step}.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"step": step, "metrics": results, "errors": errors}, indent=2) + "\n")
+
+    def validation(self, trainer: LaneformerTrainer) -> dict[str, float]:
+        """Mean loss (nats/token) and bits per byte over the first val_samples held-out samples."""
+        seq_len, micro = trainer.config.training.seq_len, trainer.config.training.local_batch_size
+        tokenizer = trainer.tokenizer.tokenizer
+        if self._val is None:
+            specs = [SourceSpec(name=Path(p).name, path=p, weight=1.0, max_epochs=1e9)
+                     for p in self.config.val_sources]
+            self._val = Mixture(specs, seq_len, seed=0, expected_fingerprint=tokenizer.fingerprint,
+                                expected_vocab_size=tokenizer.vocab_size)
+            self._bytes = torch.from_numpy(token_bytes(tokenizer.sp))
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        per_step = world * micro
+        n_batches = math.ceil(self.config.val_samples / per_step)
+        totals = torch.zeros(3, dtype=torch.float64)  # nats, tokens, bytes
+        for b in range(n_batches):
+            first = b * per_step + rank * micro
+            batch = self._val.batch(np.arange(first, first + micro))
+            labels = torch.from_numpy(batch["labels"])
+            logits = trainer.model_parts[0](
+                torch.from_numpy(batch["input_ids"]).to(trainer.device),
+                positions=torch.from_numpy(batch["positions"]).to(trainer.device))
+            nats = F.cross_entropy(logits.float().flatten(0, 1), labels.to(trainer.device).flatten(),
+                                   reduction="sum")
+            totals += torch.tensor([float(nats), labels.numel(), float(self._bytes[labels].sum())],
+                                   dtype=torch.float64)
+        if dist.is_initialized():
+            dist.all_reduce(totals)
+        nats, tokens, nbytes = totals.tolist()
+        return {"eval/val_loss": nats / tokens, "eval/val_bpb": nats / math.log(2) / nbytes}
+
+    def core(self, trainer: LaneformerTrainer) -> dict[str, float]:
+        return self._evaluate(trainer, core_bundle=self.config.core_bundle,
+                              max_per_task=self.config.core_max_per_task)
+
+    def lm_eval(self, trainer: LaneformerTrainer) -> dict[str, float]:
+        return self._evaluate(trainer, lm_eval_tasks=self.config.lm_eval_tasks, limit=self.config.lm_eval_limit)
+
+    def _evaluate(self, trainer: LaneformerTrainer, **what) -> dict[str, float]:
+        from eval.suite import evaluate
+
+        model = trainer.model_parts[0]
+        return evaluate(lambda ids: model(ids), trainer.tokenizer.tokenizer,
+                        max_seq_len=trainer.config.training.seq_len, device=trainer.device,
+                        log=logger.info if dist.get_rank() == 0 else None, **what)
