@@ -279,3 +279,25 @@ def test_evals_run_in_the_loop_and_a_failing_one_does_not_stop_training(short_ru
         assert len(report["errors"]) == 1 and "missing-tasks.json" in report["errors"][0]
     assert metrics(short_run)[20]["eval/val_loss"] == json.loads(
         (short_run / "evals" / "step-20.json").read_text())["metrics"]["eval/val_loss"]
+
+
+def test_realized_source_shares_match_the_weights(short_run):
+    """Tolerance: the mixture's schedule is exact per 65,536-sample block, so over n samples
+    each source's share is within one sample (1/n) of its weight (plus 1/65,536)."""
+    rows = metrics(short_run)
+    consumed = {k.removeprefix("data/tokens/"): v for k, v in rows[20].items() if k.startswith("data/tokens/")}
+    n_samples = 20 * 8
+    assert sum(consumed.values()) == n_samples * 64
+    for name, weight in (("prose", 0.5), ("code", 0.5)):
+        assert abs(consumed[name] / sum(consumed.values()) - weight) <= 1 / n_samples + 1 / 65536
+    result = subprocess.run([sys.executable, "-m", "data.inspect", "--recipe", "tiny.toml", "--run", str(short_run)],
+                            cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "realized mix at step 20" in result.stdout and "prose: 5,120 tokens, share 0.5000" in result.stdout
+
+
+def test_data_inspect_refuses_a_plan_beyond_max_epochs():
+    result = subprocess.run([sys.executable, "-m", "data.inspect", "--recipe", "tiny.toml", "--set", "training.steps=5000"],
+                            cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "prose (" in result.stderr and "epochs > max_epochs=4.0" in result.stderr
