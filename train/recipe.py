@@ -113,6 +113,8 @@ class Checkpoint:
     milestones: list[int] = field(default_factory=list)  # steps kept forever
     init_from: str | None = None  # a run dir, checkpoint dir or HF export to start from
     init_weights_only: bool = True  # start fresh optimizer and step counter from init_from
+    export_hf: bool = False  # at the end, write a Hugging Face folder of the final weights
+    export_dir: str | None = None  # default: <run>/hf
 
 
 @dataclass(kw_only=True)
