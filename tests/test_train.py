@@ -301,3 +301,12 @@ def test_data_inspect_refuses_a_plan_beyond_max_epochs():
                             cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "prose (" in result.stderr and "epochs > max_epochs=4.0" in result.stderr
+
+
+def test_torchtitans_own_entry_point_runs_the_registered_config(tmp_path):
+    cmd = train_command("unused")[:train_command("unused").index(str(REPO / "train.py"))]
+    cmd += ["-m", "torchtitan.train", "--module", "models.laneformer", "--config", "laneformer_tiny",
+            "--training.steps", "2", "--dump_folder", str(tmp_path / "run"), "--metrics.log_freq", "1"]
+    result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert set(losses(tmp_path / "run")) == {1, 2}

@@ -92,3 +92,27 @@ def wandb_history(run_file: str) -> dict[int, dict]:
                 items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
                 rows.setdefault(items.get("_step"), {}).update(items)
     return rows
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants at once (torchrun's ranks get their own
+    sessions, so killing its process group is not enough)."""
+    import signal
+
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -14,10 +14,11 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.distributed as dist
+import tyro
 
 from torchtitan.components.checkpointer import CheckpointManager
 from torchtitan.components.checkpointer.base import LR_SCHEDULER
@@ -101,7 +102,8 @@ class MilestoneCheckpointManager(CheckpointManager):
 class LaneformerTrainer(Trainer):
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):
-        hooks: list = field(default_factory=list)  # Configurable configs whose objects have after_step
+        # Configurable configs whose objects have after_step; set from the recipe, not the CLI.
+        hooks: Annotated[list, tyro.conf.Suppress] = field(default_factory=list)
         skip_spikes: bool = True
         spike_sigmas: float = 6.0
         spike_window: int = 100
