@@ -211,6 +211,9 @@ def test_kill_all_ranks_then_resume_gives_identical_losses(tmp_path):
     proc.wait()
     killed_at = max(losses(broken / "run"))
     assert killed_at < steps
+    half_written = broken / "run" / "checkpoints" / f"step-{steps - 1}"  # no DCP .metadata
+    half_written.mkdir(exist_ok=True)
+    (half_written / "__0_0.distcp").write_bytes(b"partial")
 
     result = train("tiny.toml", *short(broken, steps, *common), nproc=2)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -253,13 +256,14 @@ def test_phase2_starts_from_phase1_weights(tmp_path):
 # ---- the model learns: a repeated batch is memorized -----------------------------------
 
 
-@pytest.mark.parametrize("nproc, compile", [
-    (1, False), (1, True),
-    pytest.param(2, False, marks=pytest.mark.slow), pytest.param(2, True, marks=pytest.mark.slow),
+@pytest.mark.parametrize("nproc, compile, ac", [
+    (1, False, "none"), (1, True, "none"), (1, False, "full"), (1, True, "selective"),
+    pytest.param(2, False, "none", marks=pytest.mark.slow), pytest.param(2, True, "none", marks=pytest.mark.slow),
 ])
-def test_tiny_overfits_a_repeated_batch(tmp_path, nproc, compile):
+def test_tiny_overfits_a_repeated_batch(tmp_path, nproc, compile, ac):
     source = repeated_batch_source(tmp_path / "one", tokens=8 * 64)
     result = train("tiny.toml", *short(tmp_path, 25, f"parallel.compile={str(compile).lower()}",
+                                       f'parallel.activation_checkpoint="{ac}"',
                                        f'data.sources=[{{name = "one", path = "{source}", weight = 1.0, max_epochs = 1000}}]',
                                        "schedule.warmup_steps=2", "training.skip_spikes=false"), nproc=nproc)
     assert result.returncode == 0, result.stderr[-3000:]
