@@ -131,7 +131,7 @@ class LaneformerTrainer(Trainer):
         loss = self._step_loss.clone()
         self._step_loss.zero_()
         if self.parallel_dims.dp_enabled:
-            dist.all_reduce(loss, group=self.parallel_dims.get_mesh("batch").get_group())
+            loss = dist_utils.dist_sum_tensor(loss, self.parallel_dims.get_mesh("batch"))
         reason = self.guard.check(float(loss), grad_norm)
         if reason:
             logger.warning(f"step {self.step}: skipped ({reason}); {self.guard.skipped} skipped so far")
