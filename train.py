@@ -6,6 +6,9 @@ resumes from the latest complete checkpoint in the run dir. With no
 
     python train.py --recipe X --print-config   # the resolved recipe
     python train.py --recipe X --dry-run        # model on meta: size, steps, FLOPs, wall time
+
+Exit codes: 0 done; 2 recipe error (nothing started); 75 (``PREEMPTED``)
+checkpointed on SIGUSR1, run the same command again to resume.
 """
 
 import argparse
@@ -15,6 +18,10 @@ import sys
 from train.cpu import use_cpu_if_no_gpu
 
 use_cpu_if_no_gpu()  # before torchtitan builds anything
+
+from train.preemption import PREEMPTED, Preempted, catch_signals, note_exit  # noqa: E402
+
+catch_signals()  # as early as possible: an uncaught SIGUSR1 kills a rank without a checkpoint
 
 import torch  # noqa: E402
 
@@ -92,6 +99,7 @@ def main(argv=None) -> int:
         model_config = check_before_start(recipe, int(os.environ.get("WORLD_SIZE", 1)))
     except (R.RecipeError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
+        note_exit(2, "recipe error", message=str(e))
         return 2
 
     from torchtitan.tools.logging import init_logger
@@ -105,10 +113,17 @@ def main(argv=None) -> int:
     trainer = trainer_config(recipe).build()
     try:
         trainer.train()
+    except Preempted as p:  # checkpointed; the launcher runs us again
+        note_exit(PREEMPTED, "preempted", step=p.step)
+        return PREEMPTED
+    except Exception as e:
+        note_exit(1, "error", message=f"{type(e).__name__}: {e}")
+        raise
     finally:
         trainer.close()
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+    note_exit(0, "finished", step=trainer.step)
     return 0
 
 

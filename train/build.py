@@ -25,6 +25,7 @@ from data.mixture import Mixture
 from models.laneformer import Laneformer, model_registry
 from train.cpu import adapt_config
 from train.eval_hook import EvalHook
+from train.preemption import PreemptionHook
 from train.recipe import REPO, Recipe, RecipeError
 from train.trainer import GuardedOptimizers, LaneformerTrainer, MilestoneCheckpointManager
 
@@ -165,7 +166,7 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
             val_sources=[repo_path(p) for p in recipe.eval.val_sources],
             core_bundle=recipe.eval.core_bundle and repo_path(recipe.eval.core_bundle),
             lm_eval_tasks=recipe.eval.lm_eval_tasks and repo_path(recipe.eval.lm_eval_tasks),
-        )],
+        ), PreemptionHook.Config()],  # last: an eval due at the preempted step runs first
         skip_spikes=t.skip_spikes,
         spike_sigmas=t.spike_sigmas,
         spike_window=t.spike_window,

@@ -1,0 +1,63 @@
+"""The SLURM flow on one machine: torchrun, restarts after crashes and preemption.
+
+    python -m launch.local --recipe tiny.toml --nproc 2 [--set table.key=value] [--max-restarts 3]
+
+Each start is recorded in the run dir and ends as launch.attempts decides:
+finished; restarted from the latest checkpoint (a preemption, or a crash that
+left a newer checkpoint, at most ``--max-restarts`` of those); or given up on.
+SIGUSR1 sent to this process checkpoints the run and restarts it, as a SLURM
+requeue would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from launch.attempts import EXIT_FILE_ENV, begin, end, exit_file
+from launch.sbatch import SIGNALS_TO_HANDLE
+from train import recipe as R
+from train.recipe import REPO
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipe", default="tiny.toml", help="recipe file, or a name in recipes/")
+    p.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE")
+    p.add_argument("--nproc", type=int, default=1, help="ranks on this machine")
+    p.add_argument("--max-restarts", type=int, default=3, help="restarts after crashes")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        recipe = R.load(args.recipe, args.set)
+        R.check_world(recipe, args.nproc)
+    except R.RecipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    run, job = recipe.output_dir, f"local-{os.getpid()}"
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", f"--nproc-per-node={args.nproc}",
+           f"--signals-to-handle={SIGNALS_TO_HANDLE}", str(REPO / "train.py"), "--recipe", args.recipe,
+           *(f"--set={s}" for s in args.set)]
+    env = {**os.environ, EXIT_FILE_ENV: str(exit_file(run))}
+    proc = None
+    signal.signal(signal.SIGUSR1, lambda sig, frame: proc and proc.send_signal(sig))
+    while True:
+        start = begin(run, job)
+        print(f"launch.local: starting from step {start['step']}", file=sys.stderr, flush=True)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env)
+        rc = proc.wait()
+        event = end(run, job, rc, args.max_restarts)
+        print(f"launch.local: {event['why']}", file=sys.stderr, flush=True)
+        if event["action"] != "restart":
+            return 0 if event["action"] == "done" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

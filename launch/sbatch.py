@@ -1,0 +1,125 @@
+"""The batch script for one run: multi-node torchrun under srun, preemption-aware.
+
+What it does, and why each piece is there:
+
+- one srun task per node, each a torchrun agent; the agents meet in a c10d
+  rendezvous on the job's first node (the same script runs on 1 or 24 nodes);
+- ``--signal=B:USR1@N`` asks SLURM to signal the batch shell N seconds before
+  the time limit (and on preemption); the shell forwards it to srun, which
+  passes it to every task. torchrun is told to handle SIGUSR1 (it would die on
+  it otherwise) and forwards it to the ranks, waiting ``shutdown_timeout`` for
+  the preemption checkpoint; the ranks agree on a step, save and exit;
+- afterwards ``launch.attempts end`` decides: finished, ``scontrol requeue``
+  (``--requeue``: the same job id starts again and train.py resumes from the
+  latest checkpoint), or fail with the reason recorded for ``status``;
+- ``--open-mode=append`` so a restart does not truncate the logs; absolute
+  interpreter paths because sbatch exports the submitting environment.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launch.attempts import EXIT_FILE_ENV, exit_file, launcher_dir
+from train.recipe import REPO
+
+SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+
+
+@dataclass(kw_only=True)
+class Job:
+    run_dir: Path
+    recipe: Path  # the frozen recipe the job trains
+    name: str
+    nodes: int
+    gpus_per_node: int  # requested from SLURM; 0: no GPUs (CPU test clusters)
+    nproc_per_node: int  # ranks per node
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    exclude: str | None = None
+    exclusive: bool = True
+    signal_lead: int = 300  # seconds between the signal and the time limit: the save must fit
+    max_requeues: int = 3  # crash requeues per job; preemptions always requeue
+    rdzv_port: int | None = None  # default: derived from the job id, so jobs sharing a node differ
+    nccl_socket_ifname: str | None = None
+    nccl_ib_hca: str | None = None
+    env: list[str] = field(default_factory=list)  # extra KEY=VAL for every rank
+    python: str = sys.executable
+
+
+def environment(job: Job) -> list[str]:
+    """KEY=VAL lines the ranks need: the network settings, then the user's."""
+    env = []
+    if job.nccl_socket_ifname:  # the interface for bootstrap / socket traffic (gloo too)
+        env += [f"NCCL_SOCKET_IFNAME={job.nccl_socket_ifname}", f"GLOO_SOCKET_IFNAME={job.nccl_socket_ifname}"]
+    if job.nccl_ib_hca:
+        env.append(f"NCCL_IB_HCA={job.nccl_ib_hca}")
+    for item in job.env:
+        key, sep, _ = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"--env {item!r}: expected KEY=VALUE")
+        env.append(item)
+    return env
+
+
+def render(job: Job) -> str:
+    q = shlex.quote
+    run, logs = job.run_dir, launcher_dir(job.run_dir) / "logs"
+    directives = [
+        f"--job-name={job.name}",
+        f"--nodes={job.nodes}",
+        "--ntasks-per-node=1",
+        *([f"--gpus-per-node={job.gpus_per_node}"] if job.gpus_per_node else []),
+        *(["--exclusive"] if job.exclusive else []),
+        *(f"--{k}={v}" for k, v in (("partition", job.partition), ("account", job.account),
+                                      ("time", job.time), ("exclude", job.exclude)) if v),
+        f"--signal=B:USR1@{job.signal_lead}",
+        "--requeue",
+        "--open-mode=append",
+        f"--output={logs}/batch.log",
+    ]
+    torchrun = Path(job.python).parent / "torchrun"
+    port = job.rdzv_port or "$((20000 + SLURM_JOB_ID % 20000))"
+    lines = [
+        "#!/bin/bash",
+        *(f"#SBATCH {d}" for d in directives),
+        f"# Written by `python -m launch.slurm submit` for {run}; see launch/sbatch.py.",
+        "set -u",
+        f"cd {q(str(REPO))}",
+        f"RUN={q(str(run))}",
+        f"PY={q(job.python)}",
+        *(f"export {k}={q(v)}" for k, _, v in (e.partition("=") for e in environment(job))),
+        f"export {EXIT_FILE_ENV}={q(str(exit_file(run)))}",
+        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"port={port}",
+        'echo "$(date -Is) job $SLURM_JOB_ID start ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST"',
+        '"$PY" -m launch.attempts begin "$RUN" --job "$SLURM_JOB_ID" --restart "${SLURM_RESTART_COUNT:-0}" '
+        '--nodes "$SLURM_JOB_NODELIST" || exit 1',
+        "",
+        "# SLURM signals only this shell (B:); pass the signal on to every task.",
+        "srun_pid=",
+        'trap \'echo "$(date -Is) SIGUSR1: checkpoint and requeue"; '
+        '[ -n "$srun_pid" ] && kill -USR1 "$srun_pid"\' USR1',
+        f'srun --kill-on-bad-exit=1 --ntasks-per-node=1 --output={q(str(logs))}/node%t-%N.log --open-mode=append \\',
+        f"  {q(str(torchrun))} --nnodes={job.nodes} --nproc-per-node={job.nproc_per_node} \\",
+        '  --rdzv-backend=c10d --rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID" \\',
+        f"  --signals-to-handle={SIGNALS_TO_HANDLE} --shutdown-timeout={job.signal_lead} \\",
+        f"  train.py --recipe {q(str(job.recipe))} &",
+        "srun_pid=$!",
+        "# A trapped signal interrupts `wait`: wait again until srun is gone.",
+        'while :; do wait "$srun_pid"; rc=$?; kill -0 "$srun_pid" 2>/dev/null || break; done',
+        "srun_pid=  # a late signal must not reach a reused pid",
+        "",
+        f'action=$("$PY" -m launch.attempts end "$RUN" --job "$SLURM_JOB_ID" --rc "$rc" '
+        f"--max-restarts {job.max_requeues})",
+        'case "$action" in',
+        "  done) exit 0 ;;",
+        '  restart) scontrol requeue "$SLURM_JOB_ID"; exit 0 ;;',
+        "  *) exit 1 ;;",
+        "esac",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,199 @@
+"""Run a recipe on a SLURM cluster, preemptible and self-requeueing; inspect and stop it.
+
+    python -m launch.slurm submit --recipe phase1.toml --nodes 24 --gpus-per-node 8 \\
+        [--partition P] [--account A] [--time T] [--exclude NODES] [--dry-run] [...]
+    python -m launch.slurm status RUN_DIR     # state, progress, and why it failed
+    python -m launch.slurm logs RUN_DIR [-n 40] [-f]
+    python -m launch.slurm cancel RUN_DIR
+
+``submit`` checks the recipe against the world size, snapshots code and recipe
+into the run dir (``launches/NNN``), freezes the resolved recipe the job will
+train (``launcher/recipe.toml``: editing recipes/ later does not change a queued
+or requeued job), writes ``launcher/job.sbatch`` (see launch/sbatch.py) and
+submits it. Submitting the same recipe again resumes the run, e.g. with
+``--exclude`` naming nodes that failed it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from launch.attempts import history, latest_step, launcher_dir
+from launch.sbatch import Job, render
+from train import recipe as R
+
+ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUE_HOLD",
+          "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT"}
+
+
+def job_ids(run: Path) -> list[str]:
+    path = launcher_dir(run) / "jobs"
+    return path.read_text().split() if path.exists() else []
+
+
+def job_info(job_id: str) -> dict[str, str]:
+    """``scontrol show job`` as a dict; empty once the controller has forgotten the job
+    (MinJobAge, 300 s by default, after it ends)."""
+    try:
+        out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True)
+    except OSError:  # no SLURM client here
+        return {}
+    return dict(re.findall(r"(\w+)=(\S*)", out.stdout)) if out.returncode == 0 else {}
+
+
+def submit(args) -> int:
+    nproc = args.nproc_per_node or args.gpus_per_node
+    if args.nodes < 1 or nproc < 1:
+        print("error: need --nodes >= 1 and ranks per node >= 1 (--nproc-per-node, or --gpus-per-node)",
+              file=sys.stderr)
+        return 2
+    try:
+        recipe = R.load(args.recipe, args.set)
+        R.check_world(recipe, args.nodes * nproc)
+        run = recipe.output_dir
+        recipe.run.output_dir = str(run)  # the frozen recipe must not depend on the job's cwd
+        script = render(Job(
+            run_dir=run, recipe=launcher_dir(run) / "recipe.toml", name=recipe.run.name,
+            nodes=args.nodes, gpus_per_node=args.gpus_per_node, nproc_per_node=nproc,
+            partition=args.partition, account=args.account, time=args.time, exclude=args.exclude,
+            exclusive=not args.no_exclusive, signal_lead=args.signal_lead, max_requeues=args.max_requeues,
+            rdzv_port=args.rdzv_port, nccl_socket_ifname=args.nccl_socket_ifname,
+            nccl_ib_hca=args.nccl_ib_hca, env=args.env))
+    except (R.RecipeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(script, end="")
+        return 0
+    active = [j for j in job_ids(run) if job_info(j).get("JobState") in ACTIVE]
+    if active:
+        print(f"error: job {active[-1]} of {run} is still queued or running; "
+              f"`python -m launch.slurm cancel {run}` first", file=sys.stderr)
+        return 1
+
+    from train.build import model_config
+    from train.run_dir import record_launch
+
+    try:
+        config = model_config(recipe)  # model overrides are checked against the model here
+    except R.RecipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    launch = record_launch(recipe, config)
+    (launcher_dir(run) / "logs").mkdir(parents=True, exist_ok=True)
+    (launcher_dir(run) / "recipe.toml").write_text(R.to_toml(recipe))
+    (launcher_dir(run) / "job.sbatch").write_text(script)
+    try:
+        out = subprocess.run(["sbatch", "--parsable", str(launcher_dir(run) / "job.sbatch")],
+                             capture_output=True, text=True)
+    except OSError as e:
+        print(f"error: cannot run sbatch: {e}", file=sys.stderr)
+        return 1
+    if out.returncode != 0:
+        print(f"error: sbatch failed: {out.stderr.strip()}", file=sys.stderr)
+        return 1
+    job_id = out.stdout.strip().split(";")[0]
+    with open(launcher_dir(run) / "jobs", "a") as f:
+        f.write(job_id + "\n")
+    print(f"submitted job {job_id}: run {run}, snapshot {launch}")
+    return 0
+
+
+def status(run: Path) -> str:
+    """What the run is doing, how far it got, and why it stopped if it did."""
+    lines = [f"run: {run}"]
+    frozen = launcher_dir(run) / "recipe.toml"
+    total = tomllib.loads(frozen.read_text())["training"]["steps"] if frozen.exists() else "?"
+    lines.append(f"latest checkpoint: step {latest_step(run)} of {total}")
+    ids = job_ids(run)
+    if not ids:
+        return "\n".join(lines + ["no job submitted"])
+    info = job_info(ids[-1])
+    if info:
+        lines.append(f"job {ids[-1]}: {info.get('JobState')} (reason {info.get('Reason')}, "
+                     f"restarts {info.get('Restarts')}, nodes {info.get('NodeList')})")
+    else:
+        lines.append(f"job {ids[-1]}: unknown to the controller (it forgets ended jobs after MinJobAge), "
+                     "or the controller is down")
+    events = [e for e in history(run) if e["job"] == ids[-1]]
+    for e in events[-6:]:
+        if e["event"] == "start":
+            lines.append(f"  {e['time']} start {e['restart']} on {e['nodes']} from step {e['step']}")
+        else:
+            lines.append(f"  {e['time']} {e['action']}: {e['why']}")
+    if events and events[-1]["event"] == "end" and events[-1]["action"] == "fail":
+        lines.append(f"FAILED: {events[-1]['why']}")
+    return "\n".join(lines)
+
+
+def logs(run: Path, lines: int, follow: bool) -> int:
+    files = sorted((launcher_dir(run) / "logs").glob("*.log"))
+    if not files:
+        print(f"no logs yet in {launcher_dir(run) / 'logs'}", file=sys.stderr)
+        return 1
+    os.execvp("tail", ["tail", "-n", str(lines), *(["-F"] if follow else []), *map(str, files)])
+
+
+def cancel(run: Path) -> int:
+    ids = job_ids(run)
+    if not ids:
+        print(f"no job submitted for {run}", file=sys.stderr)
+        return 1
+    return subprocess.run(["scancel", ids[-1]]).returncode
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("submit", help="snapshot, write the batch script, sbatch it")
+    s.add_argument("--recipe", required=True, help="recipe file, or a name in recipes/")
+    s.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE")
+    s.add_argument("--nodes", type=int, default=1)
+    s.add_argument("--gpus-per-node", type=int, default=8, help="GPUs to request per node (0: none)")
+    s.add_argument("--nproc-per-node", type=int, help="ranks per node (default: --gpus-per-node)")
+    s.add_argument("--partition")
+    s.add_argument("--account")
+    s.add_argument("--time", help="time limit, e.g. 24:00:00")
+    s.add_argument("--exclude", help="nodes not to run on, e.g. 'node[017,042]'")
+    s.add_argument("--no-exclusive", action="store_true", help="share nodes with other jobs")
+    s.add_argument("--signal-lead", type=int, default=300,
+                   help="seconds before the time limit to checkpoint and requeue")
+    s.add_argument("--max-requeues", type=int, default=3, help="requeues after crashes, per job")
+    s.add_argument("--rdzv-port", type=int, help="c10d rendezvous port (default: from the job id)")
+    s.add_argument("--nccl-socket-ifname", help="NCCL_SOCKET_IFNAME (and GLOO_SOCKET_IFNAME), e.g. ib0")
+    s.add_argument("--nccl-ib-hca", help="NCCL_IB_HCA, e.g. mlx5")
+    s.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="extra environment")
+    s.add_argument("--dry-run", action="store_true", help="print the batch script, submit nothing")
+    for name, helptext in (("status", "state, progress, failure reason"), ("logs", "tail the job's logs"),
+                           ("cancel", "scancel the run's job")):
+        c = sub.add_parser(name, help=helptext)
+        c.add_argument("run", type=Path, help="the run dir")
+        if name == "logs":
+            c.add_argument("-n", type=int, default=40, help="lines per log")
+            c.add_argument("-f", "--follow", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.command == "submit":
+        return submit(args)
+    if not launcher_dir(args.run).is_dir():
+        print(f"error: {args.run} is not a run dir submitted with launch.slurm", file=sys.stderr)
+        return 1
+    if args.command == "status":
+        print(status(args.run))
+        return 0
+    if args.command == "logs":
+        return logs(args.run, args.n, args.follow)
+    return cancel(args.run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""launch.local end to end on CPU: an uninterrupted 2-rank run, and one that is
+preempted twice (SIGUSR1 to the launcher, then to a single rank: the ranks must
+agree on the step), then crashes (a rank SIGKILLed), restarts from its
+checkpoints each time and ends with the same losses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launch.attempts import history, latest_step
+from tests.trainlib import REPO, env, kill_tree, losses
+
+STEPS = 20
+# Shortened tiny.toml; deterministic so resumed and uninterrupted runs agree exactly.
+SHORT = (f"training.steps={STEPS}", "training.seq_len=64", "training.global_batch=8", "training.micro_batch=4",
+         "schedule.warmup_steps=2", "logging.interval=1", "run.deterministic=true", "checkpoint.interval=4")
+
+
+def local_command(run: Path) -> list[str]:
+    return [sys.executable, "-m", "launch.local", "--recipe", "tiny.toml", "--nproc", "2",
+            *(f"--set={s}" for s in (f"run.output_dir={run}", *SHORT))]
+
+
+def reference_losses(tmp_path_factory) -> dict[int, float]:
+    """Losses of an uninterrupted 2-rank run; made once per session (the SLURM tests
+    find it in the same folder)."""
+    run = tmp_path_factory.getbasetemp() / "launch-reference"
+    if not history(run) or history(run)[-1].get("action") != "done":
+        result = subprocess.run(local_command(run), cwd=REPO, env=env(), capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+    return losses(run)
+
+
+def wait_for(predicate, what: str, timeout: float = 120):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if value := predicate():
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def logged_steps(run: Path) -> int:
+    try:
+        return max((json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()),
+                   default=0)
+    except FileNotFoundError:
+        return 0
+
+
+def rank_pid(root: int, rank: int) -> int | None:
+    """The pid of training rank ``rank`` among the descendants of ``root``."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError):
+            continue
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory):
+    return reference_losses(tmp_path_factory)
+
+
+@pytest.mark.slow
+def test_an_uninterrupted_run_finishes_in_one_start(reference, tmp_path_factory):
+    assert sorted(reference) == list(range(1, STEPS + 1))
+    events = history(tmp_path_factory.getbasetemp() / "launch-reference")
+    assert [(e["event"], e.get("action")) for e in events] == [("start", None), ("end", "done")]
+
+
+@pytest.mark.slow
+def test_preemption_and_a_crash_restart_from_checkpoints_with_the_same_losses(reference, tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen(local_command(run), cwd=REPO, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+    def preempted() -> list[dict]:
+        return [e for e in history(run) if e.get("cause") == "preempted"]
+
+    try:
+        wait_for(lambda: logged_steps(run) >= 3, "step 3")
+        proc.send_signal(signal.SIGUSR1)  # to launch.local: torchrun passes it to both ranks
+        first = wait_for(preempted, "the first preemption")[0]["step"]
+        wait_for(lambda: logged_steps(run) >= first + 2, "steps after the restart")
+        os.kill(wait_for(lambda: rank_pid(proc.pid, 1), "rank 1"), signal.SIGUSR1)  # rank 0 gets nothing
+        second = wait_for(lambda: preempted()[1:], "the second preemption")[0]["step"]
+        wait_for(lambda: latest_step(run) > second, "a checkpoint after the second restart")
+        os.kill(wait_for(lambda: rank_pid(proc.pid, 0), "rank 0"), signal.SIGKILL)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+    assert proc.returncode == 0, out[-3000:]
+    ends = [e for e in history(run) if e["event"] == "end"]
+    assert [(e["action"], e["cause"]) for e in ends] == [
+        ("restart", "preempted"), ("restart", "preempted"), ("restart", "crash"), ("done", "finished")], ends
+    assert first < second
+    assert losses(run) == reference
+
+
+def test_a_recipe_that_does_not_fit_the_ranks_starts_nothing(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "launch.local", "--recipe", "tiny.toml", "--nproc", "3",
+                             f"--set=run.output_dir={tmp_path / 'run'}"],
+                            cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "not divisible by micro_batch (8) x data-parallel size (3)" in result.stderr
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,189 @@
+"""launch.slurm against a real SLURM on this machine (launch/ci/slurm.sh: two
+emulated nodes): runs to the end on 1 node x 2 ranks and 2 nodes x 1 rank,
+preemption -> checkpoint -> requeue -> resume with the losses of an
+uninterrupted run, a recipe error that fails once, status, logs and cancel.
+Where SLURM cannot start here the tests are skipped with the reason."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launch.attempts import history
+from launch.slurm import job_ids, job_info
+from launch.slurm import main as slurm_main
+from tests.test_launch_local import SHORT, STEPS, logged_steps, reference_losses, wait_for
+from tests.trainlib import REPO, losses
+
+SLURM_SH = REPO / "launch" / "ci" / "slurm.sh"
+DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+JOB_ENV = ("--env=OMP_NUM_THREADS=1", "--env=WANDB_MODE=offline", "--env=WANDB_SILENT=true")
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A local SLURM for the session; stopped afterwards unless it was already up (CI may start it)."""
+    if os.geteuid() != 0:
+        pytest.skip("a local SLURM needs root: launch/ci/slurm.sh installs packages and starts daemons")
+    up = subprocess.run([str(SLURM_SH), "up"], capture_output=True, text=True, timeout=900)
+    if up.returncode != 0:
+        pytest.skip(f"launch/ci/slurm.sh up failed: {(up.stderr or up.stdout).strip()[-1500:]}")
+    yield
+    if "already up" not in up.stdout:
+        subprocess.run([str(SLURM_SH), "down"], capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory):
+    return reference_losses(tmp_path_factory)
+
+
+def slurm_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launch.slurm", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=180)
+
+
+SUBMITTED: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def cancel_leftovers():
+    """A failed test must not leave its job running into the next one."""
+    yield
+    if SUBMITTED:
+        subprocess.run(["scancel", *SUBMITTED], capture_output=True)
+        SUBMITTED.clear()
+
+
+def submit(run: Path, *args: str, recipe: str = "tiny.toml", nodes: int = 1, nproc: int = 2) -> str:
+    """``launch.slurm submit`` in this process (it imports the model code once, not per job)."""
+    assert slurm_main(["submit", "--recipe", recipe, f"--nodes={nodes}", "--gpus-per-node=0",
+                       f"--nproc-per-node={nproc}", "--no-exclusive", *JOB_ENV,
+                       *(f"--set={s}" for s in (f"run.output_dir={run}", *SHORT)), *args]) == 0
+    SUBMITTED.append(job_ids(run)[-1])
+    return SUBMITTED[-1]
+
+
+def state(job: str) -> str:
+    return job_info(job).get("JobState", "")
+
+
+def wait_done(job: str, run: Path, timeout: float = 180) -> str:
+    try:
+        return wait_for(lambda: (s := state(job)) in DONE and s, f"job {job} to end", timeout)
+    except AssertionError:
+        logs = "\n".join(p.read_text()[-2000:] for p in sorted((run / "launcher" / "logs").glob("*.log")))
+        raise AssertionError(f"job {job} still {state(job)} after {timeout} s\n{logs}") from None
+
+
+@pytest.mark.slow
+def test_one_node_two_ranks_runs_to_the_end(slurm, reference, tmp_path):
+    run = tmp_path / "run"
+    job = submit(run)
+    assert wait_done(job, run) == "COMPLETED"
+    assert losses(run) == reference
+    assert (run / "launches" / "001" / "code" / "train.py").exists()  # the submit-time snapshot
+    assert "#SBATCH --requeue" in (run / "launcher" / "job.sbatch").read_text()
+    status = slurm_cli("status", str(run)).stdout
+    assert f"latest checkpoint: step {STEPS} of {STEPS}" in status and "done: finished" in status
+    logs = slurm_cli("logs", str(run), "-n", "200").stdout
+    assert "Training completed" in logs and f"finished at step {STEPS}" in logs
+    node = history(run)[0]["nodes"]
+    again = submit(run, f"--exclude={node}")  # a resubmission resumes the run, elsewhere
+    assert wait_done(again, run) == "COMPLETED"
+    starts = [e for e in history(run) if e["event"] == "start"]
+    assert [(e["nodes"] != node, e["step"]) for e in starts] == [(False, 0), (True, STEPS)]
+    assert len(list((run / "launches").iterdir())) == 4  # a snapshot per submission and per start
+
+
+@pytest.mark.slow
+def test_two_nodes_one_rank_each_meet_on_the_first_node(slurm, reference, tmp_path):
+    run = tmp_path / "run"
+    job = submit(run, nodes=2, nproc=1)
+    assert wait_done(job, run) == "COMPLETED"
+    assert [e["nodes"] for e in history(run) if e["event"] == "start"] == ["lfnode[1-2]"]
+    assert len(list((run / "launcher" / "logs").glob("node[01]-*.log"))) == 2  # one log per node
+    assert losses(run) == reference  # the same 2-rank data-parallel run
+
+
+@pytest.mark.slow
+def test_preemption_signal_checkpoints_requeues_and_resumes_with_the_same_losses(slurm, reference, tmp_path):
+    run = tmp_path / "run"
+    job = submit(run)
+    wait_for(lambda: logged_steps(run) >= 3, "step 3", timeout=120)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)  # what --signal=B:USR1@N sends
+    wait_for(lambda: state(job) == "PENDING", "the requeue")
+    # A requeued job waits cred_expire + 1 s before it may start again; skip most of the wait.
+    # Not all of it: slurmd refuses a credential issued in the same second it revoked the old one.
+    time.sleep(1.5)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+    assert wait_done(job, run) == "COMPLETED"
+    assert job_info(job)["Restarts"] == "1"
+    ends = [e for e in history(run) if e["event"] == "end"]
+    assert [(e["action"], e["cause"]) for e in ends] == [("restart", "preempted"), ("done", "finished")], ends
+    starts = [e for e in history(run) if e["event"] == "start"]
+    assert starts[1]["step"] == ends[0]["step"] > 0  # resumed from the preemption checkpoint
+    assert losses(run) == reference
+
+
+@pytest.mark.slow
+def test_a_recipe_error_fails_the_job_once_and_status_says_why(slurm, tmp_path):
+    recipe = tmp_path / "bad.toml"
+    recipe.write_text((REPO / "recipes" / "tiny.toml").read_text().replace(
+        "assets/sample_data/code", "assets/sample_data/nope"))
+    run = tmp_path / "run"
+    job = submit(run, recipe=str(recipe))  # data is only checked where the job runs
+    assert wait_done(job, run) == "FAILED"
+    assert job_info(job)["Restarts"] == "0"
+    assert [e["event"] for e in history(run)] == ["start", "end"]
+    status = slurm_cli("status", str(run)).stdout
+    assert re.search(r"FAILED: recipe error: .*assets/sample_data/nope", status), status
+
+
+@pytest.mark.slow
+def test_a_running_run_is_not_submitted_twice_and_cancel_stops_it(slurm, tmp_path):
+    run = tmp_path / "run"
+    job = submit(run)
+    again = slurm_cli("submit", "--recipe", "tiny.toml", "--gpus-per-node=0", "--nproc-per-node=2",
+                      f"--set=run.output_dir={run}", *(f"--set={s}" for s in SHORT))
+    assert again.returncode == 1 and f"job {job} of {run} is still queued or running" in again.stderr
+    assert slurm_cli("cancel", str(run)).returncode == 0
+    assert wait_done(job, run, timeout=60) == "CANCELLED"
+    assert "CANCELLED" in slurm_cli("status", str(run)).stdout
+
+
+def test_the_24_node_script_holds_rendezvous_signal_and_requeue(tmp_path):
+    result = slurm_cli("submit", "--recipe", "phase1.toml", "--nodes", "24", "--gpus-per-node", "8",
+                       "--partition", "gpu", "--account", "lm", "--time", "24:00:00", "--exclude", "gpu[017,042]",
+                       "--nccl-socket-ifname", "ib0", "--nccl-ib-hca", "mlx5", "--env", "NCCL_DEBUG=WARN",
+                       f"--set=run.output_dir={tmp_path / 'run'}", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    script = result.stdout
+    (tmp_path / "job.sbatch").write_text(script)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
+    for line in ("#SBATCH --nodes=24", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --partition=gpu", "#SBATCH --account=lm", "#SBATCH --time=24:00:00",
+                 "#SBATCH --exclude=gpu[017,042]", "#SBATCH --signal=B:USR1@300", "#SBATCH --requeue",
+                 "#SBATCH --open-mode=append", "export NCCL_SOCKET_IFNAME=ib0", "export NCCL_IB_HCA=mlx5",
+                 "export NCCL_DEBUG=WARN", 'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+                 'restart) scontrol requeue "$SLURM_JOB_ID"; exit 0 ;;'):
+        assert line in [x.strip() for x in script.splitlines()], line
+    for part in ("--nnodes=24 --nproc-per-node=8", "--rdzv-backend=c10d", '--rdzv-endpoint="$head:$port"',
+                 "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "--kill-on-bad-exit=1",
+                 "trap ", 'kill -USR1 "$srun_pid"'):
+        assert part in script, part
+    assert not (tmp_path / "run").exists()  # a dry run writes nothing
+
+
+def test_a_recipe_that_does_not_fit_the_allocation_is_not_submitted(tmp_path):
+    result = slurm_cli("submit", "--recipe", "tiny.toml", "--nodes", "3", "--gpus-per-node", "1",
+                       f"--set=run.output_dir={tmp_path / 'run'}")
+    assert result.returncode == 2
+    assert "not divisible by micro_batch (8) x data-parallel size (3)" in result.stderr
+    assert not (tmp_path / "run").exists()

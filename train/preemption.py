@@ -1,0 +1,99 @@
+"""Stop cleanly when the scheduler says so: checkpoint at a step boundary, exit with ``PREEMPTED``.
+
+SLURM (``--signal``), a launcher or a person sends SIGUSR1 some time before a
+job is preempted or hits its time limit. The signal lands on each rank at a
+different moment, possibly in the middle of a collective, an eval or a
+checkpoint save, so the handler only sets a flag. After every step all ranks
+all-reduce the flag (MAX): they agree on the same step, save there together and
+leave. A flag set during an eval or a save stays set until the next boundary.
+
+torchrun hides its workers' exit codes, so the reason a process stopped is also
+written to ``$LANEFORMER_EXIT_FILE`` (when a launcher sets it) for the launcher
+to decide between resubmitting and giving up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from torchtitan.config import Configurable
+from torchtitan.tools.logging import logger
+
+if TYPE_CHECKING:
+    from train.trainer import LaneformerTrainer
+
+PREEMPTED = 75  # sysexits' EX_TEMPFAIL: checkpointed on a signal, run me again
+EXIT_FILE_ENV = "LANEFORMER_EXIT_FILE"
+
+
+class Preempted(SystemExit):
+    """Raised after the preemption checkpoint is on disk. A SystemExit, so no
+    ``except Exception`` on the way out swallows it, and torchelastic does not
+    record it as an error."""
+
+    def __init__(self, step: int):
+        super().__init__(PREEMPTED)
+        self.step = step
+
+
+SIGNALS = (signal.SIGUSR1,)
+_requested = False  # set by the handler; signal handlers are process-wide, so is the flag
+
+
+def _on_signal(signum, frame) -> None:
+    global _requested
+    _requested = True
+
+
+def catch_signals() -> None:
+    """Turn SIGUSR1 into the flag. train.py calls this first thing: before it, the
+    signal's default action would kill the process without a checkpoint."""
+    for sig in SIGNALS:
+        signal.signal(sig, _on_signal)
+        # Restart interrupted system calls: a signal mid-collective must not
+        # surface as EINTR inside a communication library.
+        signal.siginterrupt(sig, False)
+
+
+class PreemptionHook(Configurable):
+    @dataclass(kw_only=True, slots=True)
+    class Config(Configurable.Config):
+        pass
+
+    def __init__(self, config: Config):
+        catch_signals()
+
+    def after_step(self, trainer: LaneformerTrainer) -> None:
+        flag = torch.tensor([int(_requested)], device=trainer.device)
+        if dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if not flag.item() or trainer.step >= trainer.config.training.steps:
+            return  # on the last step the loop's own final save follows
+        logger.warning(f"preemption requested: saving a checkpoint at step {trainer.step} and exiting")
+        # last_step=True is torchtitan's forced save: any interval, full state (the
+        # recipe never saves model-only), synchronous after waiting for an async save.
+        trainer.checkpointer.save(trainer.step, last_step=True)
+        raise Preempted(trainer.step)
+
+
+def note_exit(code: int, reason: str, **details) -> None:
+    """Tell the launcher why this process stops (first writer wins: the first rank to
+    fail usually names the cause)."""
+    path = os.environ.get(EXIT_FILE_ENV)
+    if not path:
+        return
+    record = {"code": code, "reason": reason, **details, "rank": int(os.environ.get("RANK", 0)),
+              "time": datetime.now(timezone.utc).isoformat()}
+    try:
+        with open(path, "x") as f:
+            f.write(json.dumps(record) + "\n")
+    except FileExistsError:
+        pass
