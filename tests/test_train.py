@@ -314,3 +314,31 @@ def test_torchtitans_own_entry_point_runs_the_registered_config(tmp_path):
     result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert set(losses(tmp_path / "run")) == {1, 2}
+
+
+def test_end_of_run_export_loads_in_transformers_with_the_same_logits(tmp_path):
+    import dataclasses
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from models.laneformer.hf.checkpoint_io import load_dcp
+    from models.laneformer.hf.config_map import read_native_config
+    from train.cpu import DenseMaskFlexAttention
+
+    result = train("tiny.toml", *short(tmp_path, 3, "checkpoint.export_hf=true"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    hf = AutoModelForCausalLM.from_pretrained(run / "hf", trust_remote_code=True, dtype=torch.float32)
+    card = (run / "hf" / "README.md").read_text()
+    assert "recipe: tiny.toml" in card and "tokens seen: 1,536" in card  # 3 steps x 8 x 64
+    config = read_native_config(run / "laneformer_config.json")
+
+    model = dataclasses.replace(config, inner_attention=DenseMaskFlexAttention.Config()).build()
+    model.load_state_dict(load_dcp(run / "checkpoints" / "step-3", config))
+    tokens = torch.randint(0, config.vocab_size, (1, 40))
+    with torch.no_grad():
+        expected = model(tokens)
+        got = hf(tokens).logits
+    assert (got - expected).abs().max() < 0.05  # the export is bf16, as released checkpoints are
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.9

@@ -25,6 +25,7 @@ from data.mixture import Mixture
 from models.laneformer import Laneformer, model_registry
 from train.cpu import adapt_config
 from train.eval_hook import EvalHook
+from train.export_hook import ExportHook
 from train.preemption import PreemptionHook
 from train.recipe import REPO, Recipe, RecipeError
 from train.trainer import GuardedOptimizers, LaneformerTrainer, MilestoneCheckpointManager
@@ -83,6 +84,18 @@ def check_data(recipe: Recipe, config: Laneformer.Config) -> Mixture:
     t = recipe.training
     return build_mixture(source_specs(recipe), repo_path(recipe.data.tokenizer), t.seq_len,
                          recipe.run.seed, config.vocab_size, t.steps * t.global_batch)
+
+
+def export_hooks(recipe: Recipe) -> list:
+    """The end-of-run Hugging Face export, when the recipe asks for it."""
+    if not recipe.checkpoint.export_hf:
+        return []
+    out = recipe.checkpoint.export_dir
+    return [ExportHook.Config(
+        out_dir=repo_path(out) if out else str(recipe.output_dir / "hf"),
+        recipe=Path(recipe.path).name,
+        tokenizer_dir=str(Path(repo_path(recipe.data.tokenizer)).parent),
+    )]
 
 
 def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
@@ -166,7 +179,7 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
             val_sources=[repo_path(p) for p in recipe.eval.val_sources],
             core_bundle=recipe.eval.core_bundle and repo_path(recipe.eval.core_bundle),
             lm_eval_tasks=recipe.eval.lm_eval_tasks and repo_path(recipe.eval.lm_eval_tasks),
-        ), PreemptionHook.Config()],  # last: an eval due at the preempted step runs first
+        ), *export_hooks(recipe), PreemptionHook.Config()],  # last: an eval due at the preempted step runs first
         skip_spikes=t.skip_spikes,
         spike_sigmas=t.spike_sigmas,
         spike_window=t.spike_window,
