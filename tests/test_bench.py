@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import checkpoint, compile as compile_bench, dataloader, gpu_throughput, lanes_vs_dense
+from bench import checkpoint, compile as compile_bench, dataloader, gpu_throughput, lane_patch, lanes_vs_dense
 from models.laneformer import laneformer_configs
 from models.laneformer.flops import nparams_and_flops_per_token
 
@@ -28,9 +28,14 @@ def last_line(capsys) -> str:
 @cpu_only
 def test_lanes_vs_dense_smoke(capsys):
     rows = lanes_vs_dense.main(["--flavors", "tiny", "--seq", "32", "--batch", "1", "--modes", "eager",
-                                "--warmup", "1", "--steps", "1"])
+                                "--warmup", "1", "--steps", "1", "--with-fix"])
+    assert [r["mode"] for r in rows] == ["eager", "eager+fix"]
     assert rows[0]["params"] == "2,098,304"  # the dense twin has exactly the Laneformer's parameters
-    assert last_line(capsys).startswith("RATIO lanes/dense step time at tiny: eager ")
+    assert last_line(capsys).startswith("RATIO lanes/dense step time at tiny (target <= 1.25x): eager ")
+
+
+def test_proposed_norm_fix_matches_model():
+    assert lane_patch.check("tiny") < 1e-5  # logits and every gradient, float32
 
 
 @cpu_only
