@@ -27,20 +27,14 @@ from train.cpu import adapt_config
 from train.eval_hook import EvalHook
 from train.export_hook import ExportHook
 from train.preemption import PreemptionHook
-from train.recipe import REPO, Recipe, RecipeError
+from train.recipe import REPO, Recipe, RecipeError, check_keys
 from train.trainer import GuardedOptimizers, LaneformerTrainer, MilestoneCheckpointManager
 
 
 def model_config(recipe: Recipe) -> Laneformer.Config:
     """The flavor with the recipe's field overrides, checked against the model."""
-    fields = {f.name for f in dataclasses.fields(Laneformer.Config)} - {"inner_attention"}
-    for key in recipe.model.overrides:
-        if key not in fields:
-            import difflib
-
-            close = difflib.get_close_matches(key, sorted(fields), n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise RecipeError(f"{recipe.path}: [model] has unknown key '{key}'{hint}")
+    fields = sorted({f.name for f in dataclasses.fields(Laneformer.Config)} - {"inner_attention"})
+    check_keys(recipe.model.overrides, fields, recipe.path, "[model]")
     try:
         return model_registry(recipe.model.flavor, **recipe.model.overrides).model
     except (ValueError, TypeError) as e:

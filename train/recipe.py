@@ -206,7 +206,7 @@ def _apply_override(raw: dict, item: str, path: Path) -> None:
 
 
 def _parse(raw: dict, path: Path) -> Recipe:
-    _check_keys(raw, TABLES, path, "recipe")
+    check_keys(raw, TABLES, path, "recipe")
     values = {}
     for name, cls in TABLES.items():
         if name not in raw:
@@ -226,7 +226,7 @@ def _parse_table(cls, table: dict, path: Path, where: str):
         flavor = _check_value(table["flavor"], str, path, where, "flavor")
         return Model(flavor=flavor, overrides={k: v for k, v in table.items() if k != "flavor"})
     hints = typing.get_type_hints(cls)
-    _check_keys(table, hints, path, f"[{where}]")
+    check_keys(table, hints, path, f"[{where}]")
     values = {}
     for name, tp in hints.items():
         if name not in table:
@@ -237,7 +237,8 @@ def _parse_table(cls, table: dict, path: Path, where: str):
     return cls(**values)
 
 
-def _check_keys(table: dict, valid, path: Path, where: str) -> None:
+def check_keys(table: dict, valid, path, where: str) -> None:
+    """Refuse keys not in ``valid``, suggesting the closest one."""
     for key in table:
         if key not in valid:
             close = difflib.get_close_matches(key, list(valid), n=1)
