@@ -1,7 +1,7 @@
 """train.cpu: the CPU-only adjustments that let torchtitan's Trainer run here.
 
 The dense-mask attention fallback is checked against real flex_attention; the
-trainer itself runs on CPU in tests/test_train.py.
+trainer itself runs on CPU in tests/train/test_train.py.
 """
 
 import sys

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_eval_core import BUNDLE, PROBS, WORDS, Bigram, WordTokenizer, needs_bundle, tiny_random_model  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a torchrun worker too
+from tests.helpers import BUNDLE, PROBS, REPO, WORDS, Bigram, WordTokenizer, needs_bundle, tiny_random_model  # noqa: E402
 
 pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance  # noqa: E402
@@ -130,7 +130,7 @@ def exported(tmp_path_factory):
     step = root / "run" / "checkpoints" / "step-10"
     save_dcp(state, step)
     write_native_config(model.config, step)
-    export_hf(state, model.config, root / "hf", tokenizer_dir=Path(__file__).resolve().parent.parent / "assets" / "tokenizer")
+    export_hf(state, model.config, root / "hf", tokenizer_dir=REPO / "assets" / "tokenizer")
     return model, step, root / "hf"
 
 

@@ -17,7 +17,7 @@ from bench import checkpoint, compile as compile_bench, dataloader, gpu_throughp
 from models.laneformer import laneformer_configs
 from models.laneformer.flops import nparams_and_flops_per_token
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-size smoke test")
 
 

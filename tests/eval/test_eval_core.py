@@ -2,7 +2,7 @@
 
 The toy model is a bigram table over a word-level tokenizer, so every
 continuation's mean cross-entropy is a sum of -ln p written in the test. Also
-run as a torchrun worker: ``python tests/test_eval_core.py --worker OUT_DIR``.
+run as a torchrun worker: ``python tests/eval/test_eval_core.py --worker OUT_DIR``.
 """
 
 from __future__ import annotations
@@ -19,89 +19,14 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a torchrun worker too
 from eval.core import centered, evaluate_core, score_task  # noqa: E402
 from eval.core_data import CORE_LABELS, CoreTask, load_items, read_manifest  # noqa: E402
 from eval.core_prompts import build, crop_left, fewshot_examples, render  # noqa: E402
-
-BUNDLE = Path("/work/shared/core_eval_bundle")
-needs_bundle = pytest.mark.skipif(not (BUNDLE / "tasks.csv").is_file(), reason="CORE bundle not present")
-
-
-class WordTokenizer:
-    """Whitespace-separated words; ids 0, 1, 2 are <unk>, <s>, </s>."""
-
-    bos_id, eos_id = 1, 2
-
-    def __init__(self, words: list[str]):
-        self.vocab = ["<unk>", "<s>", "</s>", *dict.fromkeys(words)]
-        self.ids = {w: i for i, w in enumerate(self.vocab)}
-        self.vocab_size = len(self.vocab)
-
-    def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
-        return [self.bos_id] * bos + [self.ids[w] for w in text.split()] + [self.eos_id] * eos
-
-    def decode(self, ids: list[int]) -> str:
-        return " ".join(self.vocab[i] for i in ids if i > 2)
-
-
-class Bigram:
-    """logits[t] = ln P(next | token t): the given probabilities, the rest of the mass spread evenly."""
-
-    def __init__(self, tokenizer: WordTokenizer, probs: dict[str, dict[str, float]]):
-        v = tokenizer.vocab_size
-        self.table = torch.full((v, v), -math.log(v))
-        for prev, nexts in probs.items():
-            rest = (1 - sum(nexts.values())) / (v - len(nexts))
-            row = torch.full((v,), math.log(rest))
-            for word, p in nexts.items():
-                row[tokenizer.ids[word]] = math.log(p)
-            self.table[tokenizer.ids[prev]] = row
-        self.calls = 0
-
-    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        return self.table[ids]
-
-
-PROBS = {
-    "is": {"blue": 0.5, "red": 0.2, "dark": 0.1},
-    "dark": {"red": 0.9},
-    "dog": {"barks": 0.6, "meows": 0.01, "sleeps": 0.3},
-    "cat": {"barks": 0.05, "meows": 0.7, "sleeps": 0.1},
-    "barks": {"loudly": 0.5},
-    "two": {"three": 0.6},
-    "three": {"four": 0.6, "five": 0.3},
-    "five": {"six": 0.6},
-}
-MC_ITEMS = [
-    # blue -ln .5 = 0.69 < red -ln .2 = 1.61: picks 0, correct
-    {"query": "the sky is", "choices": ["blue", "red"], "gold": 0},
-    # red 1.61; "dark red" mean(-ln .1, -ln .9) = (2.30 + 0.11) / 2 = 1.20: picks 1, wrong
-    # (by the sum, 2.41 > 1.61, it would have been right: CORE uses the mean)
-    {"query": "the rose is", "choices": ["red", "dark red"], "gold": 0},
-    # red 1.61 > blue 0.69: picks 1, correct
-    {"query": "the grass is", "choices": ["red", "blue"], "gold": 1},
-]
-SCHEMA_ITEMS = [
-    # dog: mean(-ln .6, -ln .5) = 0.60; cat: mean(-ln .05, -ln .5) = 1.84: picks 1, correct
-    {"context_options": ["the cat", "the dog"], "continuation": "barks loudly", "gold": 1},
-    # dog -ln .01 = 4.61; cat -ln .7 = 0.36: picks 1, correct
-    {"context_options": ["the dog", "the cat"], "continuation": "meows", "gold": 1},
-    # cat -ln .1 = 2.30; dog -ln .3 = 1.20: picks 1, wrong
-    {"context_options": ["the cat", "the dog"], "continuation": "sleeps", "gold": 0},
-]
-LM_ITEMS = [
-    {"context": "one two", "continuation": "three four"},  # argmax: two->three, three->four: correct
-    {"context": "one two", "continuation": "three five"},  # argmax after three is four, not five: wrong
-    {"context": "four five ", "continuation": "six"},  # five->six: correct (context is stripped)
-]
-TOY = {"multiple_choice": MC_ITEMS, "schema": SCHEMA_ITEMS, "language_modeling": LM_ITEMS}
-WORDS = sorted({w for items in TOY.values() for it in items for v in it.values()
-                for w in (" ".join(v) if isinstance(v, list) else str(v)).split()} | {"Answer:"})
-
+from tests.helpers import (  # noqa: E402
+    BUNDLE, LM_ITEMS, MC_ITEMS, PROBS, REPO, SCHEMA_ITEMS, TOY, WORDS, Bigram, WordTokenizer, needs_bundle,
+    tiny_random_model,
+)
 
 def toy_task(task_type: str, shots: int = 0, delimiter: str = " ") -> CoreTask:
     return CoreTask(label=f"toy_{task_type}", type=task_type, shots=shots, delimiter=delimiter,
@@ -216,18 +141,6 @@ def test_missing_task_makes_partial_core(toy, tmp_path):
     assert result.missing == {"copa": "not selected", "squad": "no file eval_data/reading_comprehension/squad.jsonl"}
     assert result.name() == "partial CORE (20/22)"
     assert "core/CORE_v1" not in result.metrics() and result.metrics()["core/n_tasks"] == 20
-
-
-def tiny_random_model(seed: int = 0):
-    from models.laneformer import laneformer_configs
-    from models.laneformer.model import Laneformer
-    from train.cpu import DenseMaskFlexAttention
-
-    config = dataclasses.replace(laneformer_configs["tiny"](), inner_attention=DenseMaskFlexAttention.Config())
-    torch.manual_seed(seed)
-    model = Laneformer(config)
-    model.init_states()
-    return model.eval()
 
 
 @needs_bundle

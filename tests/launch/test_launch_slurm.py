@@ -18,8 +18,8 @@ import pytest
 from launch.attempts import history
 from launch.slurm import job_ids, job_info
 from launch.slurm import main as slurm_main
-from tests.test_launch_local import SHORT, STEPS, logged_steps, reference_losses, wait_for
-from tests.trainlib import REPO, losses
+from tests.helpers import SHORT, STEPS, logged_steps, reference_losses, wait_for
+from tests.helpers import REPO, losses
 
 SLURM_SH = REPO / "launch" / "ci" / "slurm.sh"
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}

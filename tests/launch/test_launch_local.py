@@ -16,46 +16,7 @@ from pathlib import Path
 import pytest
 
 from launch.attempts import history, latest_step
-from tests.trainlib import REPO, env, kill_tree, losses
-
-STEPS = 20
-# Shortened tiny.toml; deterministic so resumed and uninterrupted runs agree exactly.
-SHORT = (f"training.steps={STEPS}", "training.seq_len=64", "training.global_batch=8", "training.micro_batch=4",
-         "schedule.warmup_steps=2", "logging.interval=1", "run.deterministic=true", "checkpoint.interval=4")
-
-
-def local_command(run: Path) -> list[str]:
-    return [sys.executable, "-m", "launch.local", "--recipe", "tiny.toml", "--nproc", "2",
-            *(f"--set={s}" for s in (f"run.output_dir={run}", *SHORT))]
-
-
-def reference_losses(tmp_path_factory) -> dict[int, float]:
-    """Losses of an uninterrupted 2-rank run; made once per session (the SLURM tests
-    find it in the same folder)."""
-    run = tmp_path_factory.getbasetemp() / "launch-reference"
-    if not history(run) or history(run)[-1].get("action") != "done":
-        result = subprocess.run(local_command(run), cwd=REPO, env=env(), capture_output=True, text=True,
-                                timeout=300)
-        assert result.returncode == 0, result.stderr[-3000:]
-    return losses(run)
-
-
-def wait_for(predicate, what: str, timeout: float = 120):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if value := predicate():
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def logged_steps(run: Path) -> int:
-    try:
-        return max((json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()),
-                   default=0)
-    except FileNotFoundError:
-        return 0
-
+from tests.helpers import REPO, SHORT, STEPS, env, kill_tree, local_command, logged_steps, losses, reference_losses, wait_for
 
 def rank_pid(root: int, rank: int) -> int | None:
     """The pid of training rank ``rank`` among the descendants of ``root``."""

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.trainlib import REPO, env, kill_tree, losses, metrics, repeated_batch_source, train, train_command, wandb_history
+from tests.helpers import REPO, env, kill_tree, losses, metrics, repeated_batch_source, train, train_command, wandb_history
 
 
 def short(tmp_path, steps=12, *extra):

@@ -1,0 +1,79 @@
+"""The run directory: one torch-free owner of where a run keeps what.
+
+Training writes a run dir, and the launchers, the converter and the evaluators
+read it; they all take names and rules from here, so that "the latest complete
+checkpoint" means the same thing everywhere. Importing this costs no torch, so
+a SLURM batch script can use it::
+
+    <run>/recipe.toml                 the resolved recipe
+    <run>/laneformer_config.json      the model config (for export and eval)
+    <run>/metrics.jsonl               every logged metric
+    <run>/evals/step-<N>.json         in-loop evaluations
+    <run>/checkpoints/step-<N>/       DCP checkpoints; complete once ``.metadata`` exists
+    <run>/launches/<n>/               per-launch snapshot (commit, diff, packages, code)
+    <run>/launcher/                   attempts.jsonl, exit.json, the frozen recipe
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent  # the repository root
+
+RECIPE_FILE = "recipe.toml"
+MODEL_CONFIG_FILE = "laneformer_config.json"
+METRICS_FILE = "metrics.jsonl"
+EVALS_DIR = "evals"
+CHECKPOINTS_DIR = "checkpoints"
+LAUNCHER_DIR = "launcher"
+
+# train.py writes why it stopped to the file this variable names (launcher/exit.json).
+EXIT_FILE_ENV = "LANEFORMER_EXIT_FILE"
+# train.py's exit codes, read by the launchers.
+EXIT_DONE = 0
+EXIT_CRASH = 1
+EXIT_BAD_INPUT = 2  # a recipe or input error: nothing was started
+EXIT_EXPORT_FAILED = 3  # training complete and checkpointed; the end-of-run export failed: do not requeue
+EXIT_SKIPPED_OUT = 4  # too many consecutive skipped steps: do not requeue
+EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: checkpointed on a signal, run me again
+
+_STEP = re.compile(r"step-(\d+)")
+
+
+def step_number(folder: Path) -> int | None:
+    """N for a folder named ``step-N``, else None."""
+    m = _STEP.fullmatch(Path(folder).name)
+    return int(m.group(1)) if m else None
+
+
+def is_complete(step_dir: Path) -> bool:
+    """DCP writes ``.metadata`` last: without it a step folder is half-written."""
+    return (Path(step_dir) / ".metadata").is_file()
+
+
+def checkpoints_dir(run: Path) -> Path:
+    return Path(run) / CHECKPOINTS_DIR
+
+
+def step_dir(run: Path, step: int) -> Path:
+    return checkpoints_dir(run) / f"step-{step}"
+
+
+def complete_steps(run: Path) -> list[int]:
+    """Steps of the run's complete checkpoints, oldest first."""
+    folder = checkpoints_dir(run)
+    if not folder.is_dir():
+        return []
+    return sorted(n for p in folder.iterdir() if (n := step_number(p)) is not None and is_complete(p))
+
+
+def latest_complete_step(run: Path) -> int | None:
+    steps = complete_steps(run)
+    return steps[-1] if steps else None
+
+
+def latest_complete_checkpoint(run: Path) -> Path | None:
+    """The newest complete ``checkpoints/step-N`` of a run dir, or None."""
+    step = latest_complete_step(run)
+    return None if step is None else step_dir(run, step)

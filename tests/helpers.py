@@ -1,0 +1,262 @@
+"""What several test modules share: running train.py for real (recipes in a temp dir,
+torchrun, metrics.jsonl), the launcher's reference run, and CORE's toy tokenizer and bigram model."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from data.shards import write_manifest, write_shard
+from data.tokenizer import TINY_TOKENIZER, Tokenizer
+from launch.attempts import history
+
+REPO = Path(__file__).resolve().parent.parent
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_command(recipe: str, *sets: str, nproc: int = 1) -> list[str]:
+    cmd = [TORCHRUN, "--nnodes", "1", "--nproc-per-node", str(nproc),
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           str(REPO / "train.py"), "--recipe", recipe]
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd
+
+
+def env() -> dict:
+    return {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+
+
+def train(recipe: str, *sets: str, nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(train_command(recipe, *sets, nproc=nproc), cwd=REPO, env=env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def metrics(run_dir: Path) -> dict[int, dict]:
+    """step -> the last metrics logged for it (a resumed run re-logs the replayed steps)."""
+    rows = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        rows.setdefault(row["step"], {}).update(row)
+    return rows
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {s: r["loss_metrics/global_avg_loss"] for s, r in metrics(run_dir).items()
+            if "loss_metrics/global_avg_loss" in r}
+
+
+def repeated_batch_source(directory: Path, tokens: int, seed: int = 0) -> Path:
+    """One document of exactly ``tokens`` ids: every step then reads the same batch."""
+    tok = Tokenizer()
+    rng = np.random.default_rng(seed)
+    doc = [tok.bos_id, *rng.integers(3, tok.vocab_size, tokens - 2).tolist(), tok.eos_id]
+    directory.mkdir(parents=True)
+    write_shard(directory / "00000_unshuffled.ds", [doc])
+    write_manifest(directory, {"path": str(TINY_TOKENIZER), "fingerprint": tok.fingerprint,
+                               "vocab_size": tok.vocab_size, "bos_id": tok.bos_id,
+                               "eos_id": tok.eos_id}, {"kind": "test"})
+    return directory
+
+
+def wandb_history(run_file: str) -> dict[int, dict]:
+    """History rows of an offline ``run-*.wandb`` file, read independently of wandb's
+    own service: LevelDB-log framing (7-byte file header, 32 KiB blocks, records with
+    crc/length/type headers) around protobuf ``Record`` messages."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, pos, buf, rows = open(run_file, "rb").read(), 7, b"", {}
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:
+            pos += 32768 - pos % 32768
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        buf, pos = buf + data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # FULL or LAST piece of a record
+            record = pb.Record()
+            record.ParseFromString(buf)
+            buf = b""
+            if record.WhichOneof("record_type") == "history":
+                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                rows.setdefault(items.get("_step"), {}).update(items)
+    return rows
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants at once (torchrun's ranks get their own
+    sessions, so killing its process group is not enough)."""
+    import signal
+
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# --- launcher runs (tests/launch) ---
+
+STEPS = 20
+# Shortened tiny.toml; deterministic so resumed and uninterrupted runs agree exactly.
+SHORT = (f"training.steps={STEPS}", "training.seq_len=64", "training.global_batch=8", "training.micro_batch=4",
+         "schedule.warmup_steps=2", "logging.interval=1", "run.deterministic=true", "checkpoint.interval=4")
+
+
+def local_command(run: Path) -> list[str]:
+    return [sys.executable, "-m", "launch.local", "--recipe", "tiny.toml", "--nproc", "2",
+            *(f"--set={s}" for s in (f"run.output_dir={run}", *SHORT))]
+
+
+def reference_losses(tmp_path_factory) -> dict[int, float]:
+    """Losses of an uninterrupted 2-rank run; made once per session (the SLURM tests
+    find it in the same folder)."""
+    run = tmp_path_factory.getbasetemp() / "launch-reference"
+    if not history(run) or history(run)[-1].get("action") != "done":
+        result = subprocess.run(local_command(run), cwd=REPO, env=env(), capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+    return losses(run)
+
+
+def wait_for(predicate, what: str, timeout: float = 120):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if value := predicate():
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def logged_steps(run: Path) -> int:
+    try:
+        return max((json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()),
+                   default=0)
+    except FileNotFoundError:
+        return 0
+
+
+# --- CORE toys (tests/eval) ---
+
+# The real CORE bundle: $LANEFORMER_CORE_BUNDLE, or ../shared/core_eval_bundle beside the repo
+# (`python -m eval.core_data fetch DIR` gets it where a network exists).
+BUNDLE = Path(os.environ.get("LANEFORMER_CORE_BUNDLE", REPO.parent / "shared" / "core_eval_bundle"))
+needs_bundle = pytest.mark.skipif(
+    not (BUNDLE / "tasks.csv").is_file(),
+    reason=f"CORE bundle not found at {BUNDLE} (set LANEFORMER_CORE_BUNDLE)")
+
+
+class WordTokenizer:
+    """Whitespace-separated words; ids 0, 1, 2 are <unk>, <s>, </s>."""
+
+    bos_id, eos_id = 1, 2
+
+    def __init__(self, words: list[str]):
+        self.vocab = ["<unk>", "<s>", "</s>", *dict.fromkeys(words)]
+        self.ids = {w: i for i, w in enumerate(self.vocab)}
+        self.vocab_size = len(self.vocab)
+
+    def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
+        return [self.bos_id] * bos + [self.ids[w] for w in text.split()] + [self.eos_id] * eos
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(self.vocab[i] for i in ids if i > 2)
+
+
+class Bigram:
+    """logits[t] = ln P(next | token t): the given probabilities, the rest of the mass spread evenly."""
+
+    def __init__(self, tokenizer: WordTokenizer, probs: dict[str, dict[str, float]]):
+        v = tokenizer.vocab_size
+        self.table = torch.full((v, v), -math.log(v))
+        for prev, nexts in probs.items():
+            rest = (1 - sum(nexts.values())) / (v - len(nexts))
+            row = torch.full((v,), math.log(rest))
+            for word, p in nexts.items():
+                row[tokenizer.ids[word]] = math.log(p)
+            self.table[tokenizer.ids[prev]] = row
+        self.calls = 0
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.table[ids]
+
+
+PROBS = {
+    "is": {"blue": 0.5, "red": 0.2, "dark": 0.1},
+    "dark": {"red": 0.9},
+    "dog": {"barks": 0.6, "meows": 0.01, "sleeps": 0.3},
+    "cat": {"barks": 0.05, "meows": 0.7, "sleeps": 0.1},
+    "barks": {"loudly": 0.5},
+    "two": {"three": 0.6},
+    "three": {"four": 0.6, "five": 0.3},
+    "five": {"six": 0.6},
+}
+MC_ITEMS = [
+    # blue -ln .5 = 0.69 < red -ln .2 = 1.61: picks 0, correct
+    {"query": "the sky is", "choices": ["blue", "red"], "gold": 0},
+    # red 1.61; "dark red" mean(-ln .1, -ln .9) = (2.30 + 0.11) / 2 = 1.20: picks 1, wrong
+    # (by the sum, 2.41 > 1.61, it would have been right: CORE uses the mean)
+    {"query": "the rose is", "choices": ["red", "dark red"], "gold": 0},
+    # red 1.61 > blue 0.69: picks 1, correct
+    {"query": "the grass is", "choices": ["red", "blue"], "gold": 1},
+]
+SCHEMA_ITEMS = [
+    # dog: mean(-ln .6, -ln .5) = 0.60; cat: mean(-ln .05, -ln .5) = 1.84: picks 1, correct
+    {"context_options": ["the cat", "the dog"], "continuation": "barks loudly", "gold": 1},
+    # dog -ln .01 = 4.61; cat -ln .7 = 0.36: picks 1, correct
+    {"context_options": ["the dog", "the cat"], "continuation": "meows", "gold": 1},
+    # cat -ln .1 = 2.30; dog -ln .3 = 1.20: picks 1, wrong
+    {"context_options": ["the cat", "the dog"], "continuation": "sleeps", "gold": 0},
+]
+LM_ITEMS = [
+    {"context": "one two", "continuation": "three four"},  # argmax: two->three, three->four: correct
+    {"context": "one two", "continuation": "three five"},  # argmax after three is four, not five: wrong
+    {"context": "four five ", "continuation": "six"},  # five->six: correct (context is stripped)
+]
+TOY = {"multiple_choice": MC_ITEMS, "schema": SCHEMA_ITEMS, "language_modeling": LM_ITEMS}
+WORDS = sorted({w for items in TOY.values() for it in items for v in it.values()
+                for w in (" ".join(v) if isinstance(v, list) else str(v)).split()} | {"Answer:"})
+
+
+def tiny_random_model(seed: int = 0):
+    from models.laneformer import laneformer_configs
+    from models.laneformer.model import Laneformer
+    from train.cpu import DenseMaskFlexAttention
+
+    config = dataclasses.replace(laneformer_configs["tiny"](), inner_attention=DenseMaskFlexAttention.Config())
+    torch.manual_seed(seed)
+    model = Laneformer(config)
+    model.init_states()
+    return model.eval()
+
