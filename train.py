@@ -5,27 +5,38 @@ resumes from the latest complete checkpoint in the run dir. With no
 ``--recipe`` the tiny CPU recipe on the bundled sample data runs.
 
     python train.py --recipe X --print-config   # the resolved recipe
-    python train.py --recipe X --dry-run        # model on meta: size, steps, FLOPs, wall time
+    python train.py --recipe X --dry-run        # model on meta: size, steps, FLOPs, wall time, data
+    python train.py --recipe X --plan [--gpus N --gpu h100 --sweep --ops]   # memory per GPU, roofline
 
-Exit codes: 0 done; 2 recipe error (nothing started); 75 (``PREEMPTED``)
-checkpointed on SIGUSR1, run the same command again to resume.
+Before anything is written, every check runs (``train.build.preflight``): the
+recipe's types and values, ``[model]`` overrides against the model, the
+tokenizer, the data, ``checkpoint.init_from``, writable run and export dirs.
+``--dry-run`` runs the same checks after printing the plan, and exits as a
+launch would.
+
+Exit codes: 0 done; 2 recipe error (nothing started, nothing written); 75
+(``PREEMPTED``) checkpointed on SIGUSR1, run the same command again to resume;
+3 training complete but the export failed (the retry command is printed); 4 too
+many consecutive skipped steps. Both are final: not requeued.
 """
 
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from train.cpu import use_cpu_if_no_gpu
 
 use_cpu_if_no_gpu()  # before torchtitan builds anything
 
-from train.preemption import PREEMPTED, Preempted, catch_signals, note_exit  # noqa: E402
+from train.preemption import PREEMPTED, Preempted, StopRun, catch_signals, note_exit  # noqa: E402
 
 catch_signals()  # as early as possible: an uncaught SIGUSR1 kills a rank without a checkpoint
 
 import torch  # noqa: E402
 
 from train import recipe as R  # noqa: E402
+from train.plan import GPUS  # noqa: E402
 
 DEFAULT_RECIPE = "tiny.toml"
 
@@ -37,85 +48,74 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="override a recipe value (repeatable)")
     p.add_argument("--print-config", action="store_true", help="print the resolved recipe and exit")
     p.add_argument("--dry-run", action="store_true", help="validate and estimate, build nothing real")
-    p.add_argument("--gpus", type=int, default=192, help="dry run: GPUs for the wall-time estimate")
+    p.add_argument("--run", type=Path, help="dry run: the run dir whose realized data mix to show "
+                   "(default: the recipe's)")
+    p.add_argument("--plan", action="store_true",
+                   help="memory per GPU and roofline speed on --gpus GPUs of kind --gpu (train/plan.py)")
+    p.add_argument("--gpu", default="h100", choices=list(GPUS), help="plan: the GPU kind")
+    p.add_argument("--sweep", action="store_true", help="plan: also micro batch x activation checkpointing")
+    p.add_argument("--ops", action="store_true", help="plan: also one layer's per-op roofline, lanes vs dense")
+    p.add_argument("--gpus", type=int, default=192, help="dry run and plan: GPUs for the estimates")
     p.add_argument("--mfu", type=float, default=0.40, help="dry run: assumed model FLOPs utilization")
     p.add_argument("--peak-tflops", type=float, default=989.0,
                    help="dry run: peak bf16 TFLOP/s per GPU (H100 SXM: 989)")
     return p.parse_args(argv)
 
 
-def dry_run(recipe: R.Recipe, args) -> str:
-    from train.build import check_data, model_config, source_specs
-
-    config = model_config(recipe)
-    with torch.device("meta"):
-        model = config.build()
-    t = recipe.training
-    nparams, flops = config.get_nparams_and_flops(model, t.seq_len)
-    seconds = t.total_tokens * flops / (args.mfu * args.peak_tflops * 1e12 * args.gpus)
-    lines = [
-        f"recipe: {recipe.path}",
-        f"model: {recipe.model.flavor}, parameters: {nparams:,}",
-        f"tokens per step: {recipe.tokens_per_step:,} ({t.global_batch} x {t.seq_len})",
-        f"steps: {t.steps:,}  total tokens: {t.total_tokens:,}",
-        f"FLOPs per token: {flops:,} ({flops / 1e9:.2f} GFLOP)",
-        f"expected wall time: {seconds / 86400:.1f} days on {args.gpus} GPUs at {args.mfu:.0%} MFU "
-        f"of {args.peak_tflops:g} TFLOP/s ({t.total_tokens / seconds / args.gpus:,.0f} tokens/s/GPU)",
-        f"run dir: {recipe.output_dir}",
-    ]
-    missing = [s["path"] for s in source_specs(recipe) if not os.path.exists(s["path"])]
-    if missing:
-        lines.append(f"data: not checked, not on this machine: {', '.join(missing)}")
-    else:
-        lines.append(check_data(recipe, config).describe())
-    return "\n".join(lines)
-
-
-def check_before_start(recipe: R.Recipe, world_size: int):
-    """Everything that can be wrong with a recipe, found before any process group or model exists."""
-    from train.build import check_data, model_config
-
-    R.check_world(recipe, world_size)
-    config = model_config(recipe)
-    if recipe.training.seq_len > config.max_seq_len:
-        raise R.RecipeError(f"{recipe.path}: [training] seq_len {recipe.training.seq_len} exceeds "
-                            f"the model's max_seq_len {config.max_seq_len}")
-    if not recipe.data.sources:
-        raise R.RecipeError(f"{recipe.path}: [data] needs at least one [[data.sources]]")
-    check_data(recipe, config)
-    return config
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from train.build import preflight
+
+    recipe, checked, problems = None, None, []
     try:
         recipe = R.load(args.recipe, args.set)
         if args.print_config:
             print(R.to_toml(recipe), end="")
             return 0
-        if args.dry_run:
-            print(dry_run(recipe, args))
+        if args.plan:
+            from train.plan import plan
+
+            print(plan(recipe, gpus=args.gpus, gpu=args.gpu, with_sweep=args.sweep, with_ops=args.ops)[0])
             return 0
-        model_config = check_before_start(recipe, int(os.environ.get("WORLD_SIZE", 1)))
-    except (R.RecipeError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        note_exit(2, "recipe error", message=str(e))
+        checked = preflight(recipe, int(os.environ.get("WORLD_SIZE", 1)))
+        problems = checked.problems
+    except R.RecipeError as e:
+        problems = [str(e)]
+    if args.dry_run and recipe is not None:
+        from train.plan import dry_run
+
+        try:  # the plan, as far as it can be made; then the same verdict as a launch
+            print(dry_run(recipe, gpus=args.gpus, mfu=args.mfu, peak_tflops=args.peak_tflops, run_dir=args.run))
+        except (R.RecipeError, ValueError, OSError) as e:
+            problems = problems or [str(e)]  # preflight reports what stops the plan
+    if problems:
+        print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
+        note_exit(2, "recipe error", message="\n".join(problems))
         return 2
+    if args.dry_run:
+        print("checks: all passed; a launch would start")
+        return 0
 
     from torchtitan.tools.logging import init_logger
 
-    from train.build import trainer_config
+    from train.build import trainer_config, wandb_env
     from train.run_dir import record_launch
 
     init_logger()
+    for name, value in wandb_env(recipe).items():
+        os.environ.setdefault(name, value)
     if int(os.environ.get("RANK", 0)) == 0:
-        record_launch(recipe, model_config)
+        record_launch(recipe, checked.config)
     trainer = trainer_config(recipe).build()
     try:
         trainer.train()
     except Preempted as p:  # checkpointed; the launcher runs us again
         note_exit(PREEMPTED, "preempted", step=p.step)
         return PREEMPTED
+    except StopRun as s:  # export failed (3), too many skipped steps (4): not requeued
+        print(f"error: {s}", file=sys.stderr)
+        note_exit(s.code, s.reason, **s.details)
+        return s.code
     except Exception as e:
         note_exit(1, "error", message=f"{type(e).__name__}: {e}")
         raise
@@ -124,6 +124,10 @@ def main(argv=None) -> int:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     note_exit(0, "finished", step=trainer.step)
+    if int(os.environ.get("RANK", 0)) == 0:
+        from train.trainer import run_summary
+
+        print(run_summary(recipe, args.recipe, args.set))
     return 0
 
 

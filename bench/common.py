@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from models.laneformer import laneformer_configs
+from models.laneformer.attention import attention_config
+from models.laneformer.dense_twin import llama3_twin  # noqa: F401  (the bench's dense side)
 
 
 def device() -> torch.device:
@@ -26,24 +28,13 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def inner_attention():
-    """The attention kernel both sides use: flex on GPU, dense-mask SDPA on CPU
-    (flex has no CPU backward; train.cpu does the same swap for training)."""
-    if torch.cuda.is_available():
-        from torchtitan.models.common.attention import FlexAttention
-
-        return FlexAttention.Config()
-    from train.cpu import DenseMaskFlexAttention
-
-    return DenseMaskFlexAttention.Config()
-
-
 def laneformer_config(flavor: str, full_causal: bool = False, **overrides):
-    """A flavor's config with the bench's attention kernel (and optionally no window layers)."""
+    """A flavor's config with the device's attention kernel (flex on GPU, dense-mask SDPA
+    on CPU, where flex has no backward), optionally with no window layers."""
     config = laneformer_configs[flavor]()
     if full_causal:
         overrides.setdefault("window_layers", [])
-    return dataclasses.replace(config, inner_attention=inner_attention(), **overrides)
+    return dataclasses.replace(config, inner_attention=attention_config(), **overrides)
 
 
 def build(config, dev: torch.device | None = None, seed: int = 0) -> torch.nn.Module:
@@ -125,51 +116,6 @@ def table(rows: list[dict], columns: list[str]) -> str:
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
     return "\n".join(lines)
-
-
-def llama3_twin(lane_config):
-    """torchtitan's own llama3 at the Laneformer's depth, width, heads, MLP and vocab.
-
-    Untied embeddings and one norm weight per layer norm, as Laneformer, so the
-    parameter counts are equal (checked by the callers). Same RoPE (complex,
-    theta), same inner attention kernel.
-    """
-    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
-    from torchtitan.models.common.config_utils import make_ffn_config, make_gqa_config
-    from torchtitan.models.llama3 import Llama3Model
-    from torchtitan.models.llama3.model import Llama3TransformerBlock
-
-    c = lane_config
-    if c.n_heads * c.head_dim != c.dim:
-        raise ValueError("the dense twin needs n_heads * head_dim == dim")
-    init = {"weight": lambda w: torch.nn.init.trunc_normal_(w, std=0.02)}
-    ones = {"weight": torch.nn.init.ones_}
-    rope = ComplexRoPE.Config(dim=c.head_dim, max_seq_len=c.max_seq_len, theta=c.rope_theta)
-    layers = [
-        Llama3TransformerBlock.Config(
-            attention_norm=RMSNorm.Config(normalized_shape=c.dim, eps=c.norm_eps, param_init=ones),
-            ffn_norm=RMSNorm.Config(normalized_shape=c.dim, eps=c.norm_eps, param_init=ones),
-            attention=make_gqa_config(
-                dim=c.dim, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, wqkv_param_init=init,
-                wo_param_init=init, inner_attention=c.inner_attention, fuse_qkv=True, rope=rope,
-            ),
-            feed_forward=make_ffn_config(
-                dim=c.dim, hidden_dim=c.ffn_hidden_dim, w1_param_init=init, w2w3_param_init=init
-            ),
-        )
-        for _ in range(c.n_layers)
-    ]
-    return Llama3Model.Config(
-        dim=c.dim,
-        vocab_size=c.vocab_size,
-        tok_embeddings=Embedding.Config(
-            num_embeddings=c.vocab_size, embedding_dim=c.dim,
-            param_init={"weight": lambda w: torch.nn.init.normal_(w, std=1.0)},
-        ),
-        norm=RMSNorm.Config(normalized_shape=c.dim, eps=c.norm_eps, param_init=ones),
-        lm_head=Linear.Config(in_features=c.dim, out_features=c.vocab_size, param_init=init),
-        layers=layers,
-    )
 
 
 def causal_mask(tokens: torch.Tensor):

@@ -35,8 +35,8 @@ from data.mixture import Mixture, MixtureLoader, SourceSpec
 from data.shards import write_manifest, write_shard
 from models.laneformer import laneformer_configs
 from models.laneformer.flops import nparams_and_flops_per_token
+from rundir import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 H100_PEAK_BF16 = 989e12
 HEADROOM = 20.0
 

@@ -13,9 +13,8 @@ H200 has the H100's compute and more memory). Each setting is compiled from
 scratch (dynamo reset), so the sweep takes a few minutes per setting; a
 micro batch that runs out of memory ends that AC setting's sweep.
 
-On a machine without a GPU it prints why and exits 0. ``--cpu-check`` runs
-the same path on CPU (tiny flavor, gloo, fp32, dense-mask attention) only to
-check the code path; its numbers mean nothing.
+On a machine without a GPU it prints why and exits 0 (the same code path
+runs on CPU in training: tests/train/test_train.py).
 
     .venv/bin/python -m bench.gpu_throughput [--flavors 100M,2B] [--ac none,selective,full]
 """
@@ -50,7 +49,7 @@ def ac_config(name: str):
     return {"none": None, "selective": SelectiveAC.Config(), "full": FullAC.Config()}[name]
 
 
-def build_parallel(flavor: str, micro_batch: int, seq: int, ac: str, cpu: bool):
+def build_parallel(flavor: str, micro_batch: int, seq: int, ac: str):
     """The flavor through parallelize_laneformer on a 1-rank mesh: (model, FLOPs/token, vocab)."""
     from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
     from torchtitan.distributed import ParallelDims
@@ -59,8 +58,6 @@ def build_parallel(flavor: str, micro_batch: int, seq: int, ac: str, cpu: bool):
     from models.laneformer.flops import nparams_and_flops_per_token
 
     config = laneformer_configs[flavor]()
-    if cpu:
-        config = common.laneformer_config(flavor)
     with torch.device("meta"):
         model = config.build()
     _, flops_per_token = nparams_and_flops_per_token(config, model, seq)
@@ -70,34 +67,30 @@ def build_parallel(flavor: str, micro_batch: int, seq: int, ac: str, cpu: bool):
         model,
         parallel_dims=dims,
         training=TrainingConfig(local_batch_size=micro_batch, seq_len=seq,
-                                mixed_precision_param="float32" if cpu else "bfloat16",
+                                mixed_precision_param="bfloat16",
                                 mixed_precision_reduce="float32"),
         parallelism=ParallelismConfig(spmd_backend="partial_dtensor"),
         compile_config=CompileConfig(enable=True, components=["model"]),
         ac_config=ac_config(ac),
         dump_folder=tempfile.gettempdir(),
     )
-    if cpu:
-        from train.cpu import force_sum_reduction
-
-        force_sum_reduction(model)
-    model.to_empty(device="cpu" if cpu else "cuda")
+    model.to_empty(device="cuda")
     with torch.no_grad():
         model.init_weights()
     model.train()
     return model, flops_per_token, config.vocab_size
 
 
-def run_setting(flavor, micro_batch, seq, ac, warmup, steps, cpu) -> dict:
+def run_setting(flavor, micro_batch, seq, ac, warmup, steps) -> dict:
     """tokens/s of one setting, or {'error': 'OOM'}."""
     import torch.nn.functional as F
 
     torch._dynamo.reset()
     model = opt = None
     try:
-        model, flops_per_token, vocab = build_parallel(flavor, micro_batch, seq, ac, cpu)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=not cpu)
-        dev = "cpu" if cpu else "cuda"
+        model, flops_per_token, vocab = build_parallel(flavor, micro_batch, seq, ac)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        dev = "cuda"
         tokens = torch.randint(0, vocab, (micro_batch, seq), device=dev)
         labels = torch.randint(0, vocab, (micro_batch, seq), device=dev)
 
@@ -113,14 +106,13 @@ def run_setting(flavor, micro_batch, seq, ac, warmup, steps, cpu) -> dict:
             step()
         common.sync()
         warm_s = time.perf_counter() - t0
-        if not cpu:
-            torch.cuda.reset_peak_memory_stats()
+        torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         for _ in range(steps):
             step()
         common.sync()
         tps = micro_batch * seq * steps / (time.perf_counter() - t0)
-        mem = torch.cuda.max_memory_allocated() / 2**30 if not cpu else float("nan")
+        mem = torch.cuda.max_memory_allocated() / 2**30
         return {"tokens_per_s": tps, "flops_per_token": flops_per_token, "warmup_s": warm_s, "mem_gib": mem}
     except RuntimeError as e:  # torch.OutOfMemoryError, or OOM raised from inside compiled code
         if "out of memory" not in str(e).lower():
@@ -129,8 +121,7 @@ def run_setting(flavor, micro_batch, seq, ac, warmup, steps, cpu) -> dict:
     finally:
         del model, opt
         gc.collect()
-        if not cpu:
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -142,37 +133,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--peak-tflops", type=float, default=None, help="bf16 peak, for GPUs other than H100/H200")
-    p.add_argument("--cpu-check", action="store_true", help="check the code path on CPU (tiny, meaningless numbers)")
     args = p.parse_args(argv)
-    cpu = args.cpu_check
-    if not cpu and not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         print("gpu_throughput: no CUDA GPU found; this benchmark measures GPU throughput and MFU, "
               "so there is nothing to measure here. Run it on an H100 or H200 node.")
         return []
-    if cpu:
-        from train.cpu import use_cpu_if_no_gpu
-
-        use_cpu_if_no_gpu()
-        args.flavors, args.seq, args.warmup, args.steps = "tiny", min(args.seq, 128), 1, 1
-        name, peak = "cpu (code-path check only)", 1e12
-    else:
-        name = torch.cuda.get_device_name()
-        peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(name)
+    name = torch.cuda.get_device_name()
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(name)
     import torch.distributed as dist
 
     own_group = not dist.is_initialized()
     if own_group:
-        if not cpu:
-            torch.cuda.set_device(0)
+        torch.cuda.set_device(0)
         store = tempfile.mkdtemp(prefix="bench-pg-")
-        dist.init_process_group("gloo" if cpu else "nccl", init_method=f"file://{store}/pg", rank=0, world_size=1)
+        dist.init_process_group("nccl", init_method=f"file://{store}/pg", rank=0, world_size=1)
     rows = []
     try:
         for flavor in args.flavors.split(","):
             for ac in args.ac.split(","):
                 mbs = args.micro_batches or DEFAULT_MICRO_BATCHES.get(flavor, "1,2,4")
                 for mb in [int(m) for m in mbs.split(",")]:
-                    r = run_setting(flavor, mb, args.seq, ac, args.warmup, args.steps, cpu)
+                    r = run_setting(flavor, mb, args.seq, ac, args.warmup, args.steps)
                     row = {"flavor": flavor, "ac": ac, "micro batch": mb}
                     if "error" in r:
                         rows.append({**row, "tokens/s/GPU": r["error"]})

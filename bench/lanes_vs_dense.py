@@ -6,11 +6,11 @@ training step (forward + cross-entropy + backward + AdamW step), as a ratio
 against a dense twin timed in the same run (steps interleaved, so background
 load hits both alike). Target: <= 1.25x at the ~100M flavor's shape.
 
-Fairness: the dense twin (bench.common.llama3_twin) has the same depth, width,
+Fairness: the dense twin (models.laneformer.dense_twin.llama3_twin) has the same depth, width,
 heads, KV heads, head_dim, MLP size, vocab, RoPE and untied embeddings, hence
 exactly the same parameter count (printed). The Laneformer runs without window
 layers (all full causal) and both sides build one causal BlockMask per step
-and use the same attention kernel: dense-mask SDPA on CPU (train.cpu's
+and use the same attention kernel: dense-mask SDPA on CPU (models.laneformer.attention's
 DenseMaskFlexAttention; flex has no CPU backward), FlexAttention on GPU.
 CPU runs in fp32, GPU under bf16 autocast. "compiled" compiles every block
 with torch.compile(fullgraph=True), as torchtitan's apply_compile does.
@@ -24,17 +24,9 @@ import argparse
 
 import torch
 
-from bench import common, lane_patch
+from bench import common
 
 TARGET = 1.25
-
-
-def with_fix(step):
-    def patched_step():
-        with lane_patch.patched():
-            return step()
-
-    return patched_step
 
 
 def row(flavor: str, mode: str, params: int, lanes: list[float], dense: list[float], tokens: int) -> dict:
@@ -49,16 +41,13 @@ def row(flavor: str, mode: str, params: int, lanes: list[float], dense: list[flo
     }
 
 
-def measure(flavor: str, seq: int, batch: int, modes: list[str], warmup: int, steps: int,
-            fix: bool = False) -> list[dict]:
+def measure(flavor: str, seq: int, batch: int, modes: list[str], warmup: int, steps: int) -> list[dict]:
     dev = common.device()
     lane_config = common.laneformer_config(flavor, full_causal=True)
     models = {
         "lanes": (common.build(lane_config, dev), common.lane_forward),
         "dense": (common.build(common.llama3_twin(lane_config), dev), common.dense_forward),
     }
-    if fix:  # a third model: model.py with the proposed norm of bench/lane_patch.py (eager only)
-        models["eager+fix"] = (common.build(lane_config, dev), common.lane_forward)
     n_lane, n_dense = common.nparams(models["lanes"][0]), common.nparams(models["dense"][0])
     if n_lane != n_dense:
         raise AssertionError(f"{flavor}: parameter counts differ: lanes {n_lane:,} vs dense {n_dense:,}")
@@ -69,7 +58,6 @@ def measure(flavor: str, seq: int, batch: int, modes: list[str], warmup: int, st
     rows = []
     for mode in modes:
         if mode == "compiled":
-            models.pop("eager+fix", None)
             torch._dynamo.reset()  # one flavor's graphs at a time (dynamo's recompile limit)
             for model, _ in models.values():
                 common.compile_blocks(model)
@@ -77,12 +65,8 @@ def measure(flavor: str, seq: int, batch: int, modes: list[str], warmup: int, st
             k: common.train_step_fn(m, optimizers[k], fwd, tokens, labels, autocast=dev.type == "cuda")
             for k, (m, fwd) in models.items()
         }
-        if "eager+fix" in fns:
-            fns["eager+fix"] = with_fix(fns["eager+fix"])
         t = common.time_interleaved(fns, warmup, steps)
         rows.append(row(flavor, mode, n_lane, t["lanes"], t["dense"], batch * seq))
-        if "eager+fix" in t:
-            rows.append(row(flavor, "eager+fix", n_lane, t["eager+fix"], t["dense"], batch * seq))
     return rows
 
 
@@ -95,8 +79,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--modes", default="eager,compiled")
     p.add_argument("--warmup", type=int, default=3 if gpu else 1)
     p.add_argument("--steps", type=int, default=10 if gpu else 5)
-    p.add_argument("--with-fix", action="store_true",
-                   help="also time eager with the proposed RMSNorm fix (bench/lane_patch.py)")
     args = p.parse_args(argv)
     modes = args.modes.split(",")
     where = torch.cuda.get_device_name() + " bf16" if gpu else f"CPU fp32, {torch.get_num_threads()} threads"
@@ -105,7 +87,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print("s/step: fastest step; ratio: median over steps of lanes/dense step time in the same round")
     rows = []
     for flavor in args.flavors.split(","):
-        rows += measure(flavor, args.seq, args.batch, modes, args.warmup, args.steps, args.with_fix)
+        rows += measure(flavor, args.seq, args.batch, modes, args.warmup, args.steps)
     columns = ["flavor", "mode", "params", "lanes s/step", "dense s/step", "ratio", "lanes tok/s",
                "dense tok/s", "1st step lanes/dense s"]
     print(common.table(rows, columns))

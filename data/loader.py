@@ -4,7 +4,8 @@
 rank. Its state is one number, the next global sample index, identical on
 every rank, so a run saved on N ranks resumes on any other number of ranks
 with exactly the samples the uninterrupted run would have seen (torchtitan's
-own loader refuses a changed rank count).
+own loader refuses a changed rank count). It reads with the tokenizer the
+Trainer built (its ``tokenizer`` slot), so every rank loads the model once.
 """
 
 from __future__ import annotations
@@ -43,17 +44,16 @@ class SentencePieceTokenizer(BaseTokenizer):
         return self.tokenizer.vocab_size
 
 
-def build_mixture(sources: list[dict], tokenizer_path: str, seq_len: int, seed: int,
+def build_mixture(sources: list[SourceSpec], tokenizer: Tokenizer, seq_len: int, seed: int,
                   vocab_size: int, total_samples: int | None) -> Mixture:
     """Open and validate every source (shards, tokenizer fingerprint, vocab, epochs)."""
-    tokenizer = Tokenizer(tokenizer_path)
     if tokenizer.vocab_size != vocab_size:
         raise ValueError(
             f"{tokenizer.path}: tokenizer has {tokenizer.vocab_size} ids but the model's "
             f"vocab_size is {vocab_size}"
         )
     return Mixture(
-        [SourceSpec(**s) for s in sources], seq_len=seq_len, seed=seed,
+        list(sources), seq_len=seq_len, seed=seed,
         expected_fingerprint=tokenizer.fingerprint, expected_vocab_size=vocab_size,
         total_samples=total_samples,
     )
@@ -64,15 +64,14 @@ class MixtureDataLoader(BaseDataLoader):
 
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
-        sources: list[dict] = field(default_factory=list)  # SourceSpec fields
-        tokenizer_path: str = ""
+        sources: list[SourceSpec] = field(default_factory=list)
         vocab_size: int = 0
         seed: int = 0
         total_samples: int | None = None  # steps x global batch: checks epochs up front
 
-    def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, seq_len: int,
-                 local_batch_size: int, **kwargs: Any):
-        mixture = build_mixture(config.sources, config.tokenizer_path, seq_len, config.seed,
+    def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer: SentencePieceTokenizer,
+                 seq_len: int, local_batch_size: int, **kwargs: Any):
+        mixture = build_mixture(config.sources, tokenizer.tokenizer, seq_len, config.seed,
                                 config.vocab_size, config.total_samples)
         self.loader = MixtureLoader(mixture, local_batch_size * dp_world_size, dp_rank, dp_world_size)
 

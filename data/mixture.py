@@ -23,6 +23,10 @@ Each sample has input_ids, labels (shifted by one) and positions, which restart
 at 0 at every document start (and at the start of the sample), so attention
 masks can be built per document and RoPE never sees a position >= seq_len.
 Labels are not masked: the EOS -> next BOS label is left in (it is trivial).
+Sources with a loss mask (chat, data.chat_tokenize) are the exception: a label
+whose token has mask 0 (prompt, template markup) becomes IGNORE_INDEX, which
+torchtitan's cross-entropy skips and leaves out of its token count, so the
+loss is the mean over the answers' tokens. Sources without one mix freely.
 
 Memory per source: 4 bytes per document (lengths) plus 4-8 bytes per document
 per cached epoch (the permutation) and small checkpoint arrays (every
@@ -42,6 +46,7 @@ import numpy as np
 from data.shards import ShardError, TokenizedSource, open_source
 
 _CKPT = 64  # one stored prefix sum every _CKPT documents
+IGNORE_INDEX = -100  # torchtitan.components.loss.IGNORE_INDEX (torch's default), without importing torch
 DEFAULT_PERIOD = 1 << 16
 
 
@@ -55,14 +60,29 @@ class SourceSpec:
 
     weight: relative share of samples. tokens: absolute budget of training tokens
     (its share is tokens / total planned tokens). max_epochs: how many passes
-    over the source's tokens the plan may use (fractions allowed).
+    over the source's tokens the plan may use (fractions allowed). hub_id and
+    subset: where its text comes from, for data.tokenize. A recipe's
+    ``[[data.sources]]`` are these; the values are checked on construction.
     """
 
     name: str
-    path: str | Path
-    weight: float | None = None
-    tokens: int | None = None
-    max_epochs: float = 1.0
+    path: str | Path  # a tokenized source dir (data.tokenize output)
+    weight: float | None = None  # share of the mixture ...
+    tokens: int | None = None  # ... or a token budget for this phase
+    max_epochs: float = 1.0  # how many times the source may be repeated
+    hub_id: str | None = None
+    subset: str | None = None
+
+    def __post_init__(self):
+        where = f"source {self.name!r} ({self.path})"
+        if (self.weight is None) == (self.tokens is None):
+            raise MixtureError(f"{where}: give exactly one of weight or tokens")
+        if self.weight is not None and not (math.isfinite(self.weight) and self.weight >= 0):
+            raise MixtureError(f"{where}: weight must be finite and >= 0, got {self.weight}")
+        if self.tokens is not None and self.tokens <= 0:
+            raise MixtureError(f"{where}: token budget must be > 0, got {self.tokens}")
+        if not self.max_epochs > 0:
+            raise MixtureError(f"{where}: max_epochs must be > 0, got {self.max_epochs}")
 
 
 @dataclass(frozen=True)
@@ -105,6 +125,7 @@ class SourceStream:
     def __init__(self, source: TokenizedSource, name: str, seed: int, max_epochs: float | None):
         self.source, self.name, self.max_epochs = source, name, max_epochs
         self.shards = [s.tokens for s in source.shards]
+        self.masks = [s.loss for s in source.shards] if all(s.loss is not None for s in source.shards) else None
         self.shard_offsets = np.cumsum([0] + [s.num_tokens for s in source.shards], dtype=np.int64)
         lens = np.concatenate([np.diff(s.doc_ends.astype(np.int64), prepend=0) for s in source.shards])
         if lens.max() >= 2**32:
@@ -137,12 +158,14 @@ class SourceStream:
         base = d - d % _CKPT
         return int(self.starts_ckpt[d // _CKPT]) + int(self.lens[base:d].sum(dtype=np.int64))
 
-    def read(self, a: int, n: int, out: np.ndarray, doc_start: np.ndarray) -> None:
+    def read(self, a: int, n: int, out: np.ndarray, doc_start: np.ndarray, mask: np.ndarray | None = None) -> None:
         """Fill out[:n] with stream tokens [a, a + n); doc_start[j] = True where a document begins."""
         if self.max_epochs is not None and a + n > self.max_epochs * self.num_tokens:
             raise MixtureError(f"source {self.name!r} ({self.source.path}) exhausted: reading token {a + n} of its "
                                f"stream needs more than max_epochs={self.max_epochs} x {self.num_tokens} tokens")
         doc_start[:n] = False
+        if mask is not None:  # mask[j] = 1: token j is trained on (every token of a source without masks)
+            mask[:n] = 1
         filled = 0
         while filled < n:
             e, o = divmod(a + filled, self.num_tokens)
@@ -159,6 +182,8 @@ class SourceStream:
                 s = int(np.searchsorted(self.shard_offsets, g, side="right")) - 1
                 local = g - int(self.shard_offsets[s])
                 out[filled : filled + take] = self.shards[s][local : local + take]
+                if mask is not None and self.masks is not None:
+                    mask[filled : filled + take] = self.masks[s][local : local + take]
                 doc_start[filled] = off == 0
                 filled += take
                 off = 0
@@ -211,15 +236,6 @@ class Mixture:
         names = [s.name for s in self.sources]
         if len(set(names)) != len(names):
             raise MixtureError(f"source names must be unique: {names}")
-        for s in self.sources:
-            if (s.weight is None) == (s.tokens is None):
-                raise MixtureError(f"source {s.name!r} ({s.path}): give exactly one of weight or tokens")
-            if s.weight is not None and not (math.isfinite(s.weight) and s.weight >= 0):
-                raise MixtureError(f"source {s.name!r} ({s.path}): weight must be finite and >= 0, got {s.weight}")
-            if s.tokens is not None and s.tokens <= 0:
-                raise MixtureError(f"source {s.name!r} ({s.path}): token budget must be > 0, got {s.tokens}")
-            if not s.max_epochs > 0:
-                raise MixtureError(f"source {s.name!r} ({s.path}): max_epochs must be > 0, got {s.max_epochs}")
 
     def _shares(self) -> np.ndarray:
         budgets = np.array([s.tokens or 0 for s in self.sources], dtype=np.float64)
@@ -272,11 +288,13 @@ class Mixture:
         L = self.seq_len
         window = np.empty((len(indices), L + 1), dtype=np.int64)
         starts = np.empty((len(indices), L + 1), dtype=bool)
+        masks = np.ones((len(indices), L + 1), dtype=np.uint8)
         for b in range(len(indices)):
-            self.streams[src[b]].read(int(k[b]) * L, L + 1, window[b], starts[b])
+            self.streams[src[b]].read(int(k[b]) * L, L + 1, window[b], starts[b], masks[b])
         idx = np.broadcast_to(np.arange(L), (len(indices), L))
         seg = np.maximum.accumulate(np.where(starts[:, :L], idx, 0), axis=1)
-        return {"input_ids": np.ascontiguousarray(window[:, :L]), "labels": np.ascontiguousarray(window[:, 1:]),
+        labels = np.where(masks[:, 1:] == 1, window[:, 1:], IGNORE_INDEX)
+        return {"input_ids": np.ascontiguousarray(window[:, :L]), "labels": labels,
                 "positions": idx - seg, "source": src}
 
     def describe(self) -> str:

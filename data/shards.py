@@ -5,15 +5,22 @@ A tokenized source is one directory written by data.tokenize:
     <dir>/NNNNN_unshuffled.ds           little-endian token ids, uint16 (uint32 if vocab > 65536)
     <dir>/NNNNN_unshuffled.ds.index     uint64 cumulative document ends (last == token count)
     <dir>/NNNNN_unshuffled.ds.metadata  "tokenizer|token_size", token count, human count
+    <dir>/NNNNN_unshuffled.ds.loss      chat sources only: one byte per token, 1 = trained on (loss mask)
     <dir>/manifest.json                 what the loader checks before training (see write_manifest)
 
 Documents are framed ``<s> text </s>`` (data.tokenizer.FRAMING). Everything here
 reads through numpy memmaps, and every check raises an error naming the file, so
 a bad shard fails at startup and not hours into a run.
+
+The manifest records a BLAKE2b checksum of every .ds, .ds.index (and .ds.loss) file
+(hashlib: the standard library has it, datatrove brings no faster hash).
+Training only checks sizes at open, which is instant; ``python -m data.verify``
+reads every byte against the checksums, for after a copy or a disk incident.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +33,7 @@ MANIFEST = "manifest.json"
 FORMAT = "laneformer-tokens/1"
 _FRAMING_PROBES = 1024  # documents per shard whose BOS/EOS framing is checked
 _CHUNK = 1 << 22
+_HASH_BLOCK = 1 << 24
 
 
 class ShardError(ValueError):
@@ -45,6 +53,7 @@ class Shard:
     path: Path
     tokens: np.ndarray  # memmap of token ids
     doc_ends: np.ndarray  # memmap of uint64 cumulative document ends
+    loss: np.ndarray | None = None  # memmap of uint8 loss mask per token (chat sources), else None
 
     @property
     def num_tokens(self) -> int:
@@ -60,7 +69,7 @@ class Shard:
 
 
 def open_shard(path: str | Path, token_size: int, expected_tokens: int | None = None,
-               expected_documents: int | None = None) -> Shard:
+               expected_documents: int | None = None, loss: bool = False) -> Shard:
     """Open and check one shard: file sizes agree with index, metadata and manifest."""
     path = Path(path)
     index_path = Path(f"{path}.index")
@@ -87,7 +96,15 @@ def open_shard(path: str | Path, token_size: int, expected_tokens: int | None = 
             kind = "truncated shard" if n_tokens < count else "shard size mismatch"
             raise ShardError(f"{kind} {path}: {n_tokens} tokens on disk ({n_bytes} bytes), {what} says {count}")
     tokens = np.memmap(path, dtype=token_dtype(token_size), mode="r") if n_tokens else np.zeros(0, token_dtype(token_size))
-    return Shard(path, tokens, doc_ends)
+    mask = None
+    if loss:  # datatrove's .ds.loss: one byte per token
+        loss_path = Path(f"{path}.loss")
+        if not loss_path.is_file():
+            raise ShardError(f"missing loss mask {loss_path} (the manifest says the source has masks)")
+        if loss_path.stat().st_size != n_tokens:
+            raise ShardError(f"loss mask size mismatch {loss_path}: {loss_path.stat().st_size} bytes, {n_tokens} tokens")
+        mask = np.memmap(loss_path, dtype=np.uint8, mode="r") if n_tokens else np.zeros(0, np.uint8)
+    return Shard(path, tokens, doc_ends, mask)
 
 
 def _metadata_tokens(path: Path) -> int | None:
@@ -162,7 +179,8 @@ def open_source(directory: str | Path, expected_fingerprint: str | None = None,
         raise ShardError(f"{mpath}: framing {tok.get('framing')!r}, the loader expects {FRAMING!r}")
     shards = []
     for entry in manifest["shards"]:
-        shard = open_shard(directory / entry["file"], manifest["token_size"], entry["tokens"], entry["documents"])
+        shard = open_shard(directory / entry["file"], manifest["token_size"], entry["tokens"], entry["documents"],
+                           loss=manifest.get("loss_mask", False))
         if shard.num_documents:
             if check_docs:
                 check_framing(shard, tok["bos_id"], tok["eos_id"])
@@ -182,10 +200,17 @@ def write_manifest(directory: str | Path, tokenizer: dict, input_description: di
     directory = Path(directory)
     token_size = 2 if tokenizer["vocab_size"] <= 65536 else 4
     entries, n_tokens, n_docs = [], 0, 0
-    for path in sorted(directory.glob("*.ds")):
-        shard = open_shard(path, token_size)
+    paths = sorted(directory.glob("*.ds"))
+    has_loss = {Path(f"{p}.loss").is_file() for p in paths}
+    if len(has_loss) > 1:
+        raise ShardError(f"{directory}: some shards have a .ds.loss mask and some do not")
+    loss = has_loss == {True}
+    for path in paths:
+        shard = open_shard(path, token_size, loss=loss)
         entries.append({"file": path.name, "bytes": path.stat().st_size,
-                        "tokens": shard.num_tokens, "documents": shard.num_documents})
+                        "tokens": shard.num_tokens, "documents": shard.num_documents,
+                        "blake2b": checksum(path), "index_blake2b": checksum(Path(f"{path}.index")),
+                        **({"loss_blake2b": checksum(Path(f"{path}.loss"))} if loss else {})})
         n_tokens += shard.num_tokens
         n_docs += shard.num_documents
     manifest = {
@@ -193,6 +218,7 @@ def write_manifest(directory: str | Path, tokenizer: dict, input_description: di
         "tokenizer": {**tokenizer, "framing": FRAMING},
         "token_size": token_size,
         "dtype": token_dtype(token_size).name,
+        "loss_mask": loss,  # every shard has a .ds.loss (chat sources); the loader masks labels with it
         "num_tokens": n_tokens,
         "num_documents": n_docs,
         "shards": entries,
@@ -203,11 +229,43 @@ def write_manifest(directory: str | Path, tokenizer: dict, input_description: di
     return manifest
 
 
-def write_shard(path: str | Path, documents: list, token_size: int = 2, tokenizer_name: str = "unknown") -> None:
-    """Write documents (lists/arrays of ids) in datatrove's shard format (tests and tools)."""
+def checksum(path: str | Path) -> str:
+    """Hex BLAKE2b-128 of a file's bytes, read in 16 MiB blocks."""
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_checksums(directory: str | Path) -> TokenizedSource:
+    """Open a source (sizes, index, framing) and check every shard and index file against
+    the checksums in its manifest; a ShardError names the first file that differs."""
+    source = open_source(directory, check_docs=True)
+    mpath = Path(directory) / MANIFEST
+    for entry in source.manifest["shards"]:
+        if "blake2b" not in entry or "index_blake2b" not in entry:
+            raise ShardError(f"{mpath}: no checksum for {entry['file']} (written before checksums existed; "
+                             "`python -m data.tokenize --manifest-only` records them for the shards as they are now)")
+        path = Path(directory) / entry["file"]
+        files = [(path, entry["blake2b"]), (Path(f"{path}.index"), entry["index_blake2b"])]
+        if source.manifest.get("loss_mask"):
+            files.append((Path(f"{path}.loss"), entry.get("loss_blake2b")))
+        for file, expected in files:
+            if (actual := checksum(file)) != expected:
+                raise ShardError(f"checksum mismatch {file}: blake2b {actual}, {mpath} says {expected}")
+    return source
+
+
+def write_shard(path: str | Path, documents: list, token_size: int = 2, tokenizer_name: str = "unknown",
+                loss: list | None = None) -> None:
+    """Write documents (lists/arrays of ids) in datatrove's shard format (tests and tools);
+    ``loss``: one 0/1 list per document, written as the .ds.loss mask."""
     path = Path(path)
     arrays = [np.asarray(d, dtype=token_dtype(token_size)) for d in documents]
     tokens = np.concatenate(arrays) if arrays else np.zeros(0, token_dtype(token_size))
     tokens.tofile(path)
     np.cumsum([len(a) for a in arrays], dtype=np.int64).astype("<u8").tofile(f"{path}.index")
     Path(f"{path}.metadata").write_text(f"{tokenizer_name}|{token_size}\n{len(tokens)}\n{len(tokens)}")
+    if loss is not None:
+        np.concatenate([np.asarray(m, dtype=np.uint8) for m in loss] or [np.zeros(0, np.uint8)]).tofile(f"{path}.loss")

@@ -1,5 +1,7 @@
 """Tokenize a text corpus into datatrove token shards plus manifest.json, locally or on SLURM.
 
+    python -m data.tokenize --recipe phase1 --source web-high [--streaming --tasks N]
+        [--slurm --partition P ...]
     python -m data.tokenize --input <hub id | dir | glob of jsonl/parquet> --text-key text \
         --tokenizer assets/tokenizer/tokenizer.model --out <dir> [--tasks N --workers N]
         [--slurm --partition P --time 12:00:00 --cpus 2 --mem-per-cpu 2 --qos ""]
@@ -11,6 +13,11 @@ HuggingFaceDatasetReader for a hub id), then DocumentTokenizer with the
 `tokenizers` twin of the SentencePiece model (data.hf_tokenizer) and the framing
 ``<s> text </s>`` (data.tokenizer). Documents are not shuffled here: the mixture
 loader permutes documents itself, per epoch.
+
+Conversations: ``--chat-key messages`` reads ``[{"role", "content"}]`` lists
+instead of text, renders them with the chat template (data.chat) and also
+writes a loss mask per shard (``.ds.loss``, see data.chat_tokenize); refused
+conversations are counted in the manifest, never written.
 
 Reruns are cheap and safe: the datatrove logging dir is <out>/logs, so finished
 tasks are skipped; never change --tasks between reruns. With --slurm the
@@ -30,7 +37,8 @@ from datatrove.pipeline.base import PipelineStep
 
 from data.hf_tokenizer import PROBE_TEXTS, build_fast_tokenizer, document_post_processor
 from data.shards import write_manifest
-from data.tokenizer import REPO_ROOT, Tokenizer
+from data.tokenizer import Tokenizer
+from rundir import REPO
 
 BATCH_SIZE = 500  # 10,000 (datatrove's default) peaked at 3.2 GB RSS; SLURM often gives 2 GB/CPU
 _JSONL = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst")
@@ -38,7 +46,7 @@ _JSONL = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst")
 
 def _shown(path: Path) -> str:
     """Repo-relative when inside the repo, so committed manifests hold no machine paths."""
-    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
 def describe_input(spec: str, split: str = "train", subset: str | None = None) -> dict:
@@ -68,16 +76,16 @@ def describe_input(spec: str, split: str = "train", subset: str | None = None) -
     return {"kind": fmt, "folder": folder, "glob": pattern}
 
 
-def make_reader(desc: dict, text_key: str, limit: int = -1, streaming: bool = False):
+def make_reader(desc: dict, text_key: str, limit: int = -1, streaming: bool = False, adapter=None):
     from datatrove.pipeline.readers import HuggingFaceDatasetReader, JsonlReader, ParquetReader
 
     if desc["kind"] == "hub":
         options = {"split": desc["split"], **({"name": desc["subset"]} if desc["subset"] else {})}
         return HuggingFaceDatasetReader(desc["dataset"], dataset_options=options, streaming=streaming,
-                                        text_key=text_key, limit=limit, batch_size=BATCH_SIZE)
+                                        text_key=text_key, limit=limit, batch_size=BATCH_SIZE, adapter=adapter)
     cls = ParquetReader if desc["kind"] == "parquet" else JsonlReader
     kwargs = {"batch_size": BATCH_SIZE} if cls is ParquetReader else {}
-    return cls(desc["folder"], glob_pattern=desc["glob"], text_key=text_key, limit=limit, **kwargs)
+    return cls(desc["folder"], glob_pattern=desc["glob"], text_key=text_key, limit=limit, adapter=adapter, **kwargs)
 
 
 def prepare_tokenizer(model_path: Path | None, out: Path) -> tuple[Tokenizer, Path]:
@@ -130,23 +138,38 @@ def finish(out: Path, tokenizer: dict, description: dict, tasks: int) -> dict:
         raise RuntimeError(f"{out}: tokenization tasks {missing[:10]} did not finish; rerun the same command")
     from importlib.metadata import version
 
-    return write_manifest(out, tokenizer, description, {"tasks": tasks, "datatrove_version": version("datatrove")})
+    extra = {"tasks": tasks, "datatrove_version": version("datatrove")}
+    if description.get("chat_key"):  # conversations: template and refused ones (data.chat_tokenize)
+        from data.chat_tokenize import chat_summary
+
+        extra["chat"] = chat_summary(out, description.get("chat_template"), description["chat_key"])
+    return write_manifest(out, tokenizer, description, extra)
 
 
 def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, text_key: str = "text",
         tasks: int = 1, workers: int = -1, split: str = "train", subset: str | None = None,
         limit: int = -1, streaming: bool = False, slurm: dict | None = None,
-        description: dict | None = None) -> dict | None:
-    """Tokenize input_spec into out; returns the manifest (None when submitted to SLURM)."""
+        description: dict | None = None, chat_key: str | None = None,
+        chat_template: str | None = None, hub: bool = False) -> dict | None:
+    """Tokenize input_spec into out; returns the manifest (None when submitted to SLURM).
+    ``hub``: input_spec is a ``datasets.load_dataset`` name (a Hub id, or a local dataset dir)."""
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    source = describe_input(input_spec, split, subset)
+    source = {"kind": "hub", "dataset": input_spec, "split": split, "subset": subset} if hub \
+        else describe_input(input_spec, split, subset)
     sp, tok_json = prepare_tokenizer(Path(tokenizer) if tokenizer else None, out)
     desc = description or {**source, "text_key": text_key, "spec": input_spec}
+    if chat_key:
+        desc = {**desc, "chat_key": chat_key, "chat_template": chat_template}
     tok_info = {"path": _shown(sp.path), "fingerprint": sp.fingerprint, "vocab_size": sp.vocab_size,
                 "bos_id": sp.bos_id, "eos_id": sp.eos_id}
     pipeline = [make_reader(source, text_key, limit, streaming),
                 tokenizer_step(tok_json, out, sp)]
+    if chat_key:  # conversations: rendered by data.chat, with a loss mask
+        from data.chat_tokenize import ChatTokenizer, chat_adapter
+
+        pipeline = [make_reader(source, chat_key, limit, streaming, adapter=chat_adapter),
+                    ChatTokenizer(str(out), str(tok_json), str(sp.path), chat_template, BATCH_SIZE)]
     if slurm is None:
         from datatrove.executor import LocalPipelineExecutor
 
@@ -155,7 +178,7 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
     from datatrove.executor import SlurmPipelineExecutor
 
     # sbatch exports the environment: make the venv's tools and this repo importable on the nodes.
-    env = f"export PATH={Path(sys.executable).parent}:$PATH PYTHONPATH={REPO_ROOT}${{PYTHONPATH:+:$PYTHONPATH}}"
+    env = f"export PATH={Path(sys.executable).parent}:$PATH PYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}}"
     common = dict(partition=slurm["partition"], time=slurm["time"], qos=slurm.get("qos", ""), env_command=env,
                   mem_per_cpu_gb=slurm.get("mem_per_cpu", 2), sbatch_args=slurm.get("sbatch_args") or {})
     tok_exec = SlurmPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=str(out / "logs"),
@@ -165,12 +188,33 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
     return None
 
 
+def recipe_source(recipe_name: str, source_name: str) -> dict:
+    """What ``--recipe R --source NAME`` tokenizes: the source's ``hub_id`` and ``subset``
+    (read with datasets.load_dataset) into its ``path``, with the recipe's tokenizer."""
+    from train import recipe as R  # the CLI only: data/ does not import train/ as a library
+
+    recipe = R.load(recipe_name)
+    sources = {s.name: s for s in recipe.data.sources}
+    if source_name not in sources:
+        raise R.RecipeError(f"{recipe.path}: [[data.sources]] has no source named {source_name!r}; "
+                            f"sources: {', '.join(sources)}")
+    src = sources[source_name]
+    if not src.hub_id:
+        raise R.RecipeError(f"{recipe.path}: [[data.sources]] {source_name}: hub_id: not set, so there is "
+                            "nothing to tokenize from; use --input and --out instead")
+    return {"input": src.hub_id, "subset": src.subset, "out": src.path, "tokenizer": recipe.data.tokenizer}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--input", required=True, help="hub dataset id, local/remote dir, or glob of jsonl/parquet")
-    p.add_argument("--out", required=True)
+    p.add_argument("--input", help="hub dataset id, local/remote dir, or glob of jsonl/parquet")
+    p.add_argument("--out")
+    p.add_argument("--recipe", help="with --source: tokenize that recipe source's hub_id/subset into its path")
+    p.add_argument("--source", help="a [[data.sources]] name of --recipe")
     p.add_argument("--tokenizer", default=None, help="tokenizer.model (default: the tiny test tokenizer)")
     p.add_argument("--text-key", default="text")
+    p.add_argument("--chat-key", help="conversations: the key of the [{role, content}] list (writes a loss mask)")
+    p.add_argument("--chat-template", help="data.chat template name or file (default: llama2)")
     p.add_argument("--tasks", type=int, default=1, help="output shards; never change between reruns")
     p.add_argument("--workers", type=int, default=-1, help="tasks run at once (-1: all)")
     p.add_argument("--split", default="train", help="hub datasets: split")
@@ -188,11 +232,25 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--sbatch-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="extra #SBATCH lines, e.g. signal=USR1@120 (requeue on preemption), account=x")
     a = p.parse_args(argv)
+    if bool(a.recipe) != bool(a.source) or bool(a.recipe) == bool(a.input and a.out) or (a.recipe and a.input):
+        p.error("give either --recipe and --source, or --input and --out")
+    if a.recipe:
+        try:
+            src = recipe_source(a.recipe, a.source)
+        except ValueError as e:  # RecipeError
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        a.input, a.out, a.subset = src["input"], src["out"], a.subset or src["subset"]
+        a.tokenizer = a.tokenizer or src["tokenizer"]
     if a.manifest_only:
         sp = Tokenizer(a.tokenizer)
         tok = {"path": _shown(sp.path), "fingerprint": sp.fingerprint, "vocab_size": sp.vocab_size,
                "bos_id": sp.bos_id, "eos_id": sp.eos_id}
-        desc = {**describe_input(a.input, a.split, a.subset), "text_key": a.text_key, "spec": a.input}
+        kind = {"kind": "hub", "dataset": a.input, "split": a.split, "subset": a.subset} if a.recipe \
+            else describe_input(a.input, a.split, a.subset)
+        desc = {**kind, "text_key": a.text_key, "spec": a.input}
+        if a.chat_key:
+            desc.update(chat_key=a.chat_key, chat_template=a.chat_template)
         print(json.dumps(finish(Path(a.out), tok, desc, a.tasks)["num_tokens"]))
         return
     slurm = None
@@ -202,10 +260,13 @@ def main(argv: list[str] | None = None) -> None:
         slurm = {"partition": a.partition, "time": a.time, "cpus": a.cpus, "mem_per_cpu": a.mem_per_cpu,
                  "qos": a.qos, "sbatch_args": dict(kv.split("=", 1) for kv in a.sbatch_arg)}
     manifest = run(a.input, a.out, a.tokenizer, a.text_key, a.tasks, a.workers, a.split, a.subset,
-                   a.limit, a.streaming, slurm)
+                   a.limit, a.streaming, slurm, chat_key=a.chat_key, chat_template=a.chat_template,
+                   hub=bool(a.recipe))
     if manifest:
         print(f"{a.out}: {manifest['num_documents']} documents, {manifest['num_tokens']} tokens "
               f"in {len(manifest['shards'])} shards")
+        if "chat" in manifest:
+            print(f"conversations refused (not trained on): {manifest['chat']['rejected'] or 'none'}")
     else:
         print(f"submitted; {Path(a.out) / 'manifest.json'} appears when the jobs finish")
 

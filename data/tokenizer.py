@@ -32,8 +32,11 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-TINY_TOKENIZER = REPO_ROOT / "assets" / "tokenizer" / "tokenizer.model"
+from rundir import REPO
+
+TINY_TOKENIZER = REPO / "assets" / "tokenizer" / "tokenizer.model"
+LLAMA2_TOKENIZER = REPO / "assets" / "tokenizer" / "llama2" / "tokenizer.model"  # what the real recipes name
+LLAMA2_HUB_ID = "meta-llama/Llama-2-7b-hf"
 FRAMING = "bos_eos"  # recorded in manifests; see the module docstring
 
 
@@ -48,8 +51,17 @@ def resolve_model_path(path: str | Path | None = None) -> Path:
     if path.is_dir():
         path = path / "tokenizer.model"
     if not path.is_file():
-        raise FileNotFoundError(f"SentencePiece model not found: {path}")
+        raise FileNotFoundError(f"SentencePiece model not found: {path}{how_to_get(path)}")
     return path
+
+
+def how_to_get(path: str | Path) -> str:
+    """For the Llama-2 tokenizer the recipes name: how to get it (else "")."""
+    if Path(path).resolve() != LLAMA2_TOKENIZER.resolve():
+        return ""
+    folder = LLAMA2_TOKENIZER.parent.relative_to(REPO)
+    return (f"; get it (after accepting the Llama 2 licence at https://huggingface.co/{LLAMA2_HUB_ID}) with: "
+            f"hf download {LLAMA2_HUB_ID} tokenizer.model --local-dir {folder}")
 
 
 class Tokenizer:

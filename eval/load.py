@@ -3,8 +3,8 @@
 - A torchtitan DCP checkpoint (a step dir, or a run dir: its latest complete
   step): the config comes from ``--flavor``/``--set`` or the
   ``laneformer_config.json`` beside it, exactly as ``convert to-hf`` reads it;
-  the native ``Laneformer`` is rebuilt and loaded. Without a GPU its
-  FlexAttention is swapped for the dense-mask fallback. The tokenizer is the
+  the native ``Laneformer`` is rebuilt and loaded, with the attention kernel
+  of the device it runs on (``attention.backend_for``). The tokenizer is the
   project's SentencePiece model (``--tokenizer``, default the tiny one).
 - An exported Hugging Face folder (``config.json``): loaded with
   ``AutoModelForCausalLM`` (remote code) and ``AutoTokenizer``, as a Hub user
@@ -38,7 +38,9 @@ class HFTokenizer:
         self.vocab_size = len(tokenizer)
 
     def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
-        ids = self.hf(text, add_special_tokens=False)["input_ids"]
+        # split_special_tokens: literal "</s>" stays text, as in SentencePiece (exports with a chat
+        # template turn it off so the template can write control tokens; see data.chat)
+        ids = self.hf(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
 
     def decode(self, ids: list[int]) -> str:
@@ -62,15 +64,14 @@ def load_dcp_model(path: Path, device: torch.device, flavor: str | None, overrid
                    tokenizer_path: str | Path | None) -> Loaded:
     from data.tokenizer import Tokenizer
     from models.laneformer.convert import resolve_config
+    from models.laneformer.attention import attention_config, backend_for
     from models.laneformer.hf.checkpoint_io import load_dcp, step_dir
     from models.laneformer.model import Laneformer
-    from train.cpu import DenseMaskFlexAttention
 
     step = step_dir(path)
     config = resolve_config(step, flavor, overrides)
     state_dict = load_dcp(step, config)
-    if device.type != "cuda":
-        config = dataclasses.replace(config, inner_attention=DenseMaskFlexAttention.Config())
+    config = dataclasses.replace(config, inner_attention=attention_config(backend_for(device)))
     with torch.device(device):
         model = Laneformer(config)
     model.load_state_dict(state_dict)

@@ -4,6 +4,7 @@
         [--core BUNDLE --max-per-task N [--core-tasks a,b]]
         [--lm-eval TASKS.json|yaml --limit N]
         [--humaneval --limit N --samples K --temperature T --max-new-tokens M]
+        [--evalplus humaneval|mbpp [--evalplus-data FILE] [--chat] [--limit N]]
         [--out results.json]
 
 Under ``torchrun`` each rank loads the whole model and scores its share
@@ -42,6 +43,8 @@ def report_json(report: Report, source: str, args: argparse.Namespace) -> dict:
         out["lm_eval"] = report.lm_eval
     if report.humaneval is not None:
         out["humaneval"] = dataclasses.asdict(report.humaneval)
+    if report.evalplus is not None:
+        out["evalplus"] = dataclasses.asdict(report.evalplus)
     return out
 
 
@@ -63,7 +66,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     p = argparse.ArgumentParser(prog="python -m eval.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="run dir, DCP step dir or exported HF folder")
     p.add_argument("--flavor", help="model flavor (DCP; default: laneformer_config.json)")
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a config field")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a model config field (a TOML value, as train.py's --set)")
     p.add_argument("--tokenizer", help="SentencePiece model or folder for a DCP checkpoint (default: the tiny one)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CUDA when present)")
     p.add_argument("--core", metavar="BUNDLE", help="CORE bundle folder (tasks.csv + eval_data/)")
@@ -71,6 +75,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--core-tasks", help="comma-separated CORE labels (the rest count as missing)")
     p.add_argument("--lm-eval", metavar="TASKS", help="JSON/YAML file of lm-eval task dicts")
     p.add_argument("--humaneval", action="store_true", help="HumanEval pass@k (runs model code in a sandbox)")
+    p.add_argument("--evalplus", choices=["humaneval", "mbpp"], help="HumanEval+ / MBPP+ greedy pass@1, base and plus")
+    p.add_argument("--evalplus-data", metavar="FILE", help="HumanEvalPlus.jsonl(.gz) / MbppPlus.jsonl(.gz)")
+    p.add_argument("--chat", action="store_true", help="EvalPlus instruct prompts through the chat template")
     p.add_argument("--limit", type=int, default=None, help="documents per lm-eval task / HumanEval problems")
     p.add_argument("--samples", type=int, default=1, help="HumanEval samples per problem")
     p.add_argument("--temperature", type=float, default=0.0, help="HumanEval sampling temperature (0: greedy)")
@@ -78,9 +85,17 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--out", help="write the results as JSON here")
     args = p.parse_args(argv)
 
-    device = init_distributed() or args.device
-    loaded = load_checkpoint(args.checkpoint, flavor=args.flavor, overrides=parse_overrides(args.set),
-                             tokenizer_path=args.tokenizer, device=device)
+    try:  # bad input (a --set, a checkpoint that is not one, a config that does not fit it): exit 2
+        overrides = parse_overrides(args.set)
+        if args.evalplus:  # a missing release file is bad input too: say so before loading the model
+            from .evalplus import load_tasks
+
+            load_tasks(args.evalplus, args.evalplus_data, args.limit)
+        device = init_distributed() or args.device
+        loaded = load_checkpoint(args.checkpoint, flavor=args.flavor, overrides=overrides,
+                                 tokenizer_path=args.tokenizer, device=device)
+    except (ValueError, FileNotFoundError) as e:
+        p.exit(2, f"error: {e}\n")
     log = print if dist.rank() == 0 else None
     report = run_evals(
         loaded.model_fn, loaded.tokenizer, max_seq_len=loaded.max_seq_len, device=loaded.device,
@@ -88,6 +103,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         core_tasks=args.core_tasks.split(",") if args.core_tasks else None,
         lm_eval_tasks=args.lm_eval, limit=args.limit,
         humaneval=args.humaneval, humaneval_limit=args.limit, samples=args.samples,
+        evalplus=args.evalplus, evalplus_data=args.evalplus_data, evalplus_limit=args.limit, chat=args.chat,
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, log=log,
     )
     rank = dist.rank()

@@ -24,6 +24,7 @@ class Report:
     core: CoreResult | None = None
     lm_eval: dict | None = None  # lm-eval's per-task results
     humaneval: object | None = None  # eval.humaneval.HumanEvalResult
+    evalplus: object | None = None  # eval.evalplus.EvalPlusResult
 
     def metrics(self) -> dict[str, float]:
         out = {}
@@ -35,6 +36,8 @@ class Report:
             out.update(flat_metrics(self.lm_eval))
         if self.humaneval is not None:
             out.update(self.humaneval.metrics())
+        if self.evalplus is not None:
+            out.update(self.evalplus.metrics())
         return out
 
 
@@ -42,8 +45,11 @@ def run_evals(model_fn, tokenizer, *, max_seq_len: int, device: torch.device | s
               core_bundle: str | Path | None = None, max_per_task: int | None = 500, core_tasks=None,
               lm_eval_tasks: list[dict] | str | Path | None = None, limit: int | float | None = None,
               humaneval: bool = False, humaneval_limit: int | None = None, samples: int = 1,
-              temperature: float = 0.0, max_new_tokens: int = 512, log: Callable[[str], None] | None = None) -> Report:
-    """Run the requested evaluations: CORE (``core_bundle``), lm-eval tasks, HumanEval."""
+              temperature: float = 0.0, max_new_tokens: int = 512, log: Callable[[str], None] | None = None,
+              evalplus: str | None = None, evalplus_data: str | Path | None = None,
+              evalplus_limit: int | None = None, chat: bool = False) -> Report:
+    """Run the requested evaluations: CORE (``core_bundle``), lm-eval tasks, HumanEval,
+    EvalPlus (``evalplus``: "humaneval" or "mbpp"; ``chat``: its instruct prompts)."""
     report = Report()
     if core_bundle is not None:
         report.core = evaluate_core(model_fn, tokenizer, core_bundle, max_seq_len=max_seq_len,
@@ -62,6 +68,12 @@ def run_evals(model_fn, tokenizer, *, max_seq_len: int, device: torch.device | s
         report.humaneval = evaluate_humaneval(model_fn, tokenizer, max_seq_len=max_seq_len, device=device,
                                               limit=humaneval_limit, samples=samples, temperature=temperature,
                                               max_new_tokens=max_new_tokens)
+    if evalplus:
+        from .evalplus import evaluate_evalplus
+
+        report.evalplus = evaluate_evalplus(model_fn, tokenizer, evalplus, max_seq_len=max_seq_len, device=device,
+                                            data_path=evalplus_data, limit=evalplus_limit, chat=chat,
+                                            max_new_tokens=max_new_tokens)
     return report
 
 

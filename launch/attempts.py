@@ -6,10 +6,20 @@ began from; each end appends what train.py said about why it stopped
 (``$LANEFORMER_EXIT_FILE``), the checkpoint step reached and the decision:
 
 - ``done``: training finished;
-- ``restart``: preempted (always, it checkpointed), or crashed after writing a
-  new checkpoint, at most ``max_restarts`` crash restarts per job;
+- ``restart``: preempted (it checkpointed), or crashed after writing a new
+  checkpoint, while the run's crash restarts in the last 24 hours stay under
+  the recipe's ``[launch] crashes_per_day`` (0: no limit). A three-week run
+  meets more node failures than any fixed total; a crash loop does not pass;
 - ``fail``: a recipe error, no new checkpoint since the start (a restart would
-  only repeat the failure), or the crash budget is spent.
+  only repeat the failure), the crash rate is exceeded, training finished but
+  its export failed, or it stopped on too many consecutive skipped steps
+  (train.py's exit codes 2, 3, 4: restarting would not help).
+
+A crash is pinned to a node when that node's torchrun saw a rank die of a
+fault signal (SIGKILL from the OOM killer, SIGSEGV, SIGBUS...: not the
+SIGTERM a shutdown sends), or when SLURM reports the node down or not
+responding. The SLURM batch script then requeues the job with those nodes
+excluded, so spare nodes take over; the end event records them.
 
 The SLURM batch script calls ``python -m launch.attempts begin|end`` (this
 module imports no torch, so it costs little in the job); launch.local calls
@@ -21,16 +31,27 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
+import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-# train.preemption.note_exit writes there; not imported from it, that would pull torch into the job script.
-EXIT_FILE_ENV = "LANEFORMER_EXIT_FILE"
+from rundir import EXIT_BAD_INPUT, EXIT_EXPORT_FAILED, EXIT_SKIPPED_OUT, LAUNCHER_DIR, latest_complete_step
+
+# A rank that died of one of these was killed by the node (OOM killer, bad memory, a crash
+# in native code), not told to stop; torchrun logs "failed (exitcode: -N) local_rank: ...".
+FAULT_SIGNALS = {signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE}
+_TORCHRUN_FAILURE = re.compile(r"failed \(exitcode: -(\d+)\) local_rank: (\d+)")
+_NODE_LOG = re.compile(r"node(\d+)-(.+)\.log")  # launch/sbatch.py: --output=node%t-%N.log
 
 
 def launcher_dir(run: Path) -> Path:
-    return Path(run) / "launcher"
+    return Path(run) / LAUNCHER_DIR
+
+
+def logs_dir(run: Path) -> Path:
+    return launcher_dir(run) / "logs"
 
 
 def exit_file(run: Path) -> Path:
@@ -38,16 +59,24 @@ def exit_file(run: Path) -> Path:
     return launcher_dir(run) / "exit.json"
 
 
-def latest_step(run: Path) -> int:
-    """The step of the newest complete checkpoint (``.metadata`` written), 0 if none."""
-    steps = [int(m.group(1)) for p in (Path(run) / "checkpoints").glob("step-*")
-             if (m := re.fullmatch(r"step-(\d+)", p.name)) and (p / ".metadata").exists()]
-    return max(steps, default=0)
+def checkpoint_step(run: Path) -> int:
+    """The step of the newest complete checkpoint, 0 if none."""
+    return latest_complete_step(run) or 0
 
 
 def history(run: Path) -> list[dict]:
     path = launcher_dir(run) / "attempts.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def job_info(job_id: str) -> dict[str, str]:
+    """``scontrol show job`` as a dict; empty once the controller has forgotten the job
+    (MinJobAge, 300 s by default, after it ends) or where there is no SLURM."""
+    try:
+        out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return dict(re.findall(r"(\w+)=(\S*)", out.stdout)) if out.returncode == 0 else {}
 
 
 def _append(run: Path, event: dict) -> dict:
@@ -59,44 +88,108 @@ def _append(run: Path, event: dict) -> dict:
 
 
 def begin(run: Path, job: str, **info) -> dict:
-    """Record a start; clear the previous start's exit note."""
+    """Record a start (and where each node log ends now); clear the previous start's exit note."""
     exit_file(run).unlink(missing_ok=True)
-    return _append(run, {"event": "start", "job": job, "step": latest_step(run), **info})
+    logs = {p.name: p.stat().st_size for p in logs_dir(run).glob("node*.log")}
+    return _append(run, {"event": "start", "job": job, "step": checkpoint_step(run), **info, "logs": logs})
 
 
-def end(run: Path, job: str, rc: int, max_restarts: int) -> dict:
-    """Record how the last start of ``job`` ended and decide what comes next."""
-    events = [e for e in history(run) if e["job"] == job]
-    starts = [e for e in events if e["event"] == "start"]
-    crashes = sum(1 for e in events if e["event"] == "end" and e["cause"] == "crash")
+def end(run: Path, job: str, rc: int, crashes_per_day: int = 0, nodes: str = "") -> dict:
+    """Record how the last start of ``job`` ended, decide what comes next, and which nodes
+    to exclude from a requeue (those the crash is pinned to, plus the job's earlier exclusions)."""
+    events = history(run)
+    starts = [e for e in events if e["event"] == "start" and e["job"] == job]
+    day_ago = datetime.now(timezone.utc) - timedelta(days=1)
+    recent = sum(1 for e in events if e["event"] == "end" and e["cause"] == "crash" and e["action"] == "restart"
+                 and datetime.fromisoformat(e["time"]) > day_ago)
     try:
         note = json.loads(exit_file(run).read_text())
     except (OSError, ValueError):
         note = {}
-    before, after = (starts[-1]["step"] if starts else 0), latest_step(run)
-    action, cause, why = decide(rc, note, before, after, crashes, max_restarts)
-    return _append(run, {"event": "end", "job": job, "rc": rc, "step": after, "action": action,
-                         "cause": cause, "why": why})
+    before, after = (starts[-1]["step"] if starts else 0), checkpoint_step(run)
+    action, cause, why = decide(rc, note, before, after, recent, crashes_per_day)
+    event = {"event": "end", "job": job, "rc": rc, "step": after, "action": action, "cause": cause, "why": why}
+    if action == "restart" and cause == "crash":
+        pinned = fault_nodes(run, starts[-1].get("logs", {}) if starts else {}, hostnames(nodes)) | down_nodes(nodes)
+        if pinned:
+            earlier = job_info(job).get("ExcNodeList", "(null)")
+            event["pinned"] = sorted(pinned)
+            event["exclude"] = ",".join([*([earlier] if earlier not in ("", "(null)") else []), *sorted(pinned)])
+            event["why"] += f"; excluding {', '.join(sorted(pinned))} from the requeue"
+    return _append(run, event)
 
 
-def decide(rc: int, note: dict, before: int, after: int, crashes: int, max_restarts: int) -> tuple[str, str, str]:
-    """(action, cause, why) for a start that began at checkpoint ``before`` and left ``after``."""
-    reason = note.get("reason")  # train.py's note_exit
+def decide(rc: int, note: dict, before: int, after: int, recent_crashes: int,
+           crashes_per_day: int) -> tuple[str, str, str]:
+    """(action, cause, why) for a start that began at checkpoint ``before`` and left ``after``;
+    ``recent_crashes``: crash restarts of the run in the last 24 hours."""
+    reason, code = note.get("reason"), note.get("code", rc)  # train.py's note_exit
+    message = f": {_short(note['message'])}" if note.get("message") else ""
     if reason == "finished" or (rc == 0 and reason is None):
         return "done", "finished", f"finished at step {note.get('step', after)}"
-    if reason == "recipe error":
-        return "fail", "recipe", f"recipe error: {_short(note['message'])}"
+    if reason == "recipe error" or code == EXIT_BAD_INPUT:
+        return "fail", "recipe", f"recipe error{message}"
+    if code == EXIT_EXPORT_FAILED:
+        retry = f"; retry with: {note['command']}" if note.get("command") else ""
+        return "fail", "export failed", f"training complete, export failed{message}{retry}; not restarting"
+    if code == EXIT_SKIPPED_OUT:
+        at = f" up to step {note['step']}" if "step" in note else ""
+        last = f"; last complete checkpoint: {note['checkpoint']}" if note.get("checkpoint") else ""
+        return "fail", "skipped out", f"too many consecutive skipped steps{at}{last}; not restarting"
     if reason == "preempted":
         cause, why = "preempted", f"preempted; checkpointed at step {note.get('step', after)}"
     else:
         cause = "crash"
-        why = f"crashed (rank {note['rank']}: {_short(note['message'])})" if "message" in note \
-            else f"crashed (exit code {rc})"
+        why = f"crashed (rank {note.get('rank', '?')}{message})" if message else f"crashed (exit code {rc})"
     if after <= before:
         return "fail", cause, f"{why}, with no new checkpoint since step {before}: not restarting"
-    if cause == "crash" and crashes >= max_restarts:
-        return "fail", cause, f"{why}; {crashes} crash restarts already, the limit: not restarting"
+    if cause == "crash" and crashes_per_day and recent_crashes >= crashes_per_day:
+        return "fail", cause, (f"{why}; {recent_crashes} crash restarts in the last 24 hours, the recipe's "
+                               f"[launch] crashes_per_day: not restarting")
     return "restart", cause, f"{why}; restarting from step {after}"
+
+
+def hostnames(nodelist: str) -> list[str]:
+    """A SLURM node list expanded (``lfnode[1-2]`` -> lfnode1, lfnode2), in task order; [] without SLURM."""
+    if not nodelist:
+        return []
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return out.stdout.split() if out.returncode == 0 else []
+
+
+def fault_nodes(run: Path, offsets: dict[str, int], nodes: list[str] = ()) -> set[str]:
+    """Nodes whose torchrun logged, since the start (``offsets``: log sizes then), a rank
+    that died of a fault signal. Log ``node<t>-<host>.log`` is srun task t's, on ``nodes[t]``
+    (one task per node, in node-list order); the host part names the node only where
+    hosts and nodes are one (not for emulated nodes sharing a host)."""
+    found = set()
+    for path in logs_dir(run).glob("node*.log"):
+        if not (m := _NODE_LOG.fullmatch(path.name)):
+            continue
+        task = int(m.group(1))
+        node = nodes[task] if task < len(nodes) else m.group(2)
+        with open(path, "rb") as f:
+            f.seek(offsets.get(path.name, 0))
+            text = f.read().decode("utf-8", "replace")
+        if any(int(sig) in FAULT_SIGNALS for sig, _ in _TORCHRUN_FAILURE.findall(text)):
+            found.add(node)
+    return found
+
+
+def down_nodes(nodelist: str) -> set[str]:
+    """Nodes of ``nodelist`` that SLURM reports down, failing or not responding (``*``)."""
+    if not nodelist:
+        return set()
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-n", nodelist, "-o", "%N %T"], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return {name for name, state in (line.split() for line in out.stdout.splitlines() if len(line.split()) == 2)
+            if state.endswith("*") or state.startswith(("down", "fail", "not_responding"))}
 
 
 def _short(message: str, limit: int = 300) -> str:
@@ -111,17 +204,17 @@ def main(argv=None) -> int:
     p.add_argument("run", type=Path)
     p.add_argument("--job", required=True)
     p.add_argument("--restart", type=int, default=0, help="begin: the scheduler's restart count")
-    p.add_argument("--nodes", default="", help="begin: the job's nodes")
+    p.add_argument("--nodes", default="", help="the job's nodes")
     p.add_argument("--rc", type=int, help="end: the exit status of the training processes")
-    p.add_argument("--max-restarts", type=int, default=3, help="end: crash restarts allowed per job")
+    p.add_argument("--crashes-per-day", type=int, default=0, help="end: crash restarts allowed per 24 h (0: any)")
     args = p.parse_args(argv)
     if args.what == "begin":
         event = begin(args.run, args.job, restart=args.restart, nodes=args.nodes)
         print(f"start {args.restart} of job {args.job} from step {event['step']}", file=sys.stderr)
         return 0
-    event = end(args.run, args.job, args.rc, args.max_restarts)
+    event = end(args.run, args.job, args.rc, args.crashes_per_day, args.nodes)
     print(event["why"], file=sys.stderr)
-    print(event["action"])
+    print(event["action"], event.get("exclude", ""))  # the batch script reads: action [nodes to exclude]
     return 0
 
 

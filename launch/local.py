@@ -1,10 +1,11 @@
 """The SLURM flow on one machine: torchrun, restarts after crashes and preemption.
 
-    python -m launch.local --recipe tiny.toml --nproc 2 [--set table.key=value] [--max-restarts 3]
+    python -m launch.local --recipe tiny.toml --nproc 2 [--set table.key=value]
 
 Each start is recorded in the run dir and ends as launch.attempts decides:
 finished; restarted from the latest checkpoint (a preemption, or a crash that
-left a newer checkpoint, at most ``--max-restarts`` of those); or given up on.
+left a newer checkpoint, within the recipe's ``[launch] crashes_per_day``); or
+given up on.
 SIGUSR1 sent to this process checkpoints the run and restarts it, as a SLURM
 requeue would.
 """
@@ -18,10 +19,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launch.attempts import EXIT_FILE_ENV, begin, end, exit_file
+from launch.attempts import begin, end, exit_file
 from launch.sbatch import SIGNALS_TO_HANDLE
+from rundir import EXIT_FILE_ENV, REPO
 from train import recipe as R
-from train.recipe import REPO
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -29,15 +30,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--recipe", default="tiny.toml", help="recipe file, or a name in recipes/")
     p.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE")
     p.add_argument("--nproc", type=int, default=1, help="ranks on this machine")
-    p.add_argument("--max-restarts", type=int, default=3, help="restarts after crashes")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from train.build import preflight
+
     try:
         recipe = R.load(args.recipe, args.set)
-        R.check_world(recipe, args.nproc)
+        problems = preflight(recipe, args.nproc).problems  # train.py's own checks, before anything is written
+        if problems:
+            raise R.RecipeError("\n".join(problems))
     except R.RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -53,7 +57,7 @@ def main(argv=None) -> int:
         print(f"launch.local: starting from step {start['step']}", file=sys.stderr, flush=True)
         proc = subprocess.Popen(cmd, cwd=REPO, env=env)
         rc = proc.wait()
-        event = end(run, job, rc, args.max_restarts)
+        event = end(run, job, rc, recipe.launch.crashes_per_day)
         print(f"launch.local: {event['why']}", file=sys.stderr, flush=True)
         if event["action"] != "restart":
             return 0 if event["action"] == "done" else 1

@@ -11,7 +11,10 @@ What it does, and why each piece is there:
   the preemption checkpoint; the ranks agree on a step, save and exit;
 - afterwards ``launch.attempts end`` decides: finished, ``scontrol requeue``
   (``--requeue``: the same job id starts again and train.py resumes from the
-  latest checkpoint), or fail with the reason recorded for ``status``;
+  latest checkpoint), or fail with the reason recorded for ``status``. A crash
+  pinned to a node requeues with that node added to the job's ExcNodeList
+  (only a pending job can be updated: requeue first, with SIGTERM ignored so
+  the requeue's own signal does not cut the update off);
 - ``--open-mode=append`` so a restart does not truncate the logs; absolute
   interpreter paths because sbatch exports the submitting environment.
 """
@@ -23,8 +26,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launch.attempts import EXIT_FILE_ENV, exit_file, launcher_dir
-from train.recipe import REPO
+from launch.attempts import exit_file, launcher_dir
+from rundir import EXIT_FILE_ENV, REPO
 
 SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 
@@ -43,7 +46,7 @@ class Job:
     exclude: str | None = None
     exclusive: bool = True
     signal_lead: int = 300  # seconds between the signal and the time limit: the save must fit
-    max_requeues: int = 3  # crash requeues per job; preemptions always requeue
+    crashes_per_day: int = 0  # crash requeues (after progress) allowed per 24 h, 0: any; preemptions always requeue
     rdzv_port: int | None = None  # default: derived from the job id, so jobs sharing a node differ
     nccl_socket_ifname: str | None = None
     nccl_ib_hca: str | None = None
@@ -114,11 +117,16 @@ def render(job: Job) -> str:
         'while :; do wait "$srun_pid"; rc=$?; kill -0 "$srun_pid" 2>/dev/null || break; done',
         "srun_pid=  # a late signal must not reach a reused pid",
         "",
-        f'action=$("$PY" -m launch.attempts end "$RUN" --job "$SLURM_JOB_ID" --rc "$rc" '
-        f"--max-restarts {job.max_requeues})",
+        f'decision=$("$PY" -m launch.attempts end "$RUN" --job "$SLURM_JOB_ID" --rc "$rc" '
+        f'--crashes-per-day {job.crashes_per_day} --nodes "$SLURM_JOB_NODELIST")',
+        'read -r action exclude <<<"$decision"',
         'case "$action" in',
         "  done) exit 0 ;;",
-        '  restart) scontrol requeue "$SLURM_JOB_ID"; exit 0 ;;',
+        "  restart)",
+        "    trap '' TERM  # the requeue signals this shell too; the exclusion must still be written",
+        '    scontrol requeue "$SLURM_JOB_ID"',
+        '    [ -z "$exclude" ] || scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$exclude"',
+        "    exit 0 ;;",
         "  *) exit 1 ;;",
         "esac",
     ]

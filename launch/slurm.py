@@ -6,25 +6,29 @@
     python -m launch.slurm logs RUN_DIR [-n 40] [-f]
     python -m launch.slurm cancel RUN_DIR
 
-``submit`` checks the recipe against the world size, snapshots code and recipe
+``submit`` checks the recipe against the world size and, on GPUs, that one
+training step fits their memory (``train.py --plan``; ``--no-plan`` skips it),
+snapshots code and recipe
 into the run dir (``launches/NNN``), freezes the resolved recipe the job will
 train (``launcher/recipe.toml``: editing recipes/ later does not change a queued
 or requeued job), writes ``launcher/job.sbatch`` (see launch/sbatch.py) and
 submits it. Submitting the same recipe again resumes the run, e.g. with
-``--exclude`` naming nodes that failed it.
+``--exclude`` naming nodes that failed it. The job requeues itself after
+preemption and after crashes that followed progress (within the recipe's
+``[launch] crashes_per_day``); a crash pinned to a node requeues without that
+node, and ``status`` shows the exclusion and why.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
-from launch.attempts import history, latest_step, launcher_dir
+from launch.attempts import checkpoint_step, history, job_info, launcher_dir
 from launch.sbatch import Job, render
 from train import recipe as R
 
@@ -35,16 +39,6 @@ ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPEN
 def job_ids(run: Path) -> list[str]:
     path = launcher_dir(run) / "jobs"
     return path.read_text().split() if path.exists() else []
-
-
-def job_info(job_id: str) -> dict[str, str]:
-    """``scontrol show job`` as a dict; empty once the controller has forgotten the job
-    (MinJobAge, 300 s by default, after it ends)."""
-    try:
-        out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True)
-    except OSError:  # no SLURM client here
-        return {}
-    return dict(re.findall(r"(\w+)=(\S*)", out.stdout)) if out.returncode == 0 else {}
 
 
 def submit(args) -> int:
@@ -62,8 +56,9 @@ def submit(args) -> int:
             run_dir=run, recipe=launcher_dir(run) / "recipe.toml", name=recipe.run.name,
             nodes=args.nodes, gpus_per_node=args.gpus_per_node, nproc_per_node=nproc,
             partition=args.partition, account=args.account, time=args.time, exclude=args.exclude,
-            exclusive=not args.no_exclusive, signal_lead=args.signal_lead, max_requeues=args.max_requeues,
-            rdzv_port=args.rdzv_port, nccl_socket_ifname=args.nccl_socket_ifname,
+            exclusive=not args.no_exclusive, signal_lead=args.signal_lead,
+            crashes_per_day=recipe.launch.crashes_per_day, rdzv_port=args.rdzv_port,
+            nccl_socket_ifname=args.nccl_socket_ifname,
             nccl_ib_hca=args.nccl_ib_hca, env=args.env))
     except (R.RecipeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -82,6 +77,14 @@ def submit(args) -> int:
 
     try:
         config = model_config(recipe)  # model overrides are checked against the model here
+        if args.gpus_per_node and not args.no_plan:  # memory per GPU, before a job waits in the queue
+            from train.plan import plan
+
+            text, fits = plan(recipe, gpus=args.nodes * nproc, gpu=args.gpu)
+            print(text, file=sys.stdout if fits else sys.stderr)
+            if not fits:
+                raise R.RecipeError(f"{recipe.path}: does not fit {args.nodes * nproc} x {args.gpu} "
+                                    "(the plan above); --no-plan submits anyway")
     except R.RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -110,14 +113,15 @@ def status(run: Path) -> str:
     lines = [f"run: {run}"]
     frozen = launcher_dir(run) / "recipe.toml"
     total = tomllib.loads(frozen.read_text())["training"]["steps"] if frozen.exists() else "?"
-    lines.append(f"latest checkpoint: step {latest_step(run)} of {total}")
+    lines.append(f"latest checkpoint: step {checkpoint_step(run)} of {total}")
     ids = job_ids(run)
     if not ids:
         return "\n".join(lines + ["no job submitted"])
     info = job_info(ids[-1])
     if info:
         lines.append(f"job {ids[-1]}: {info.get('JobState')} (reason {info.get('Reason')}, "
-                     f"restarts {info.get('Restarts')}, nodes {info.get('NodeList')})")
+                     f"restarts {info.get('Restarts')}, nodes {info.get('NodeList')}, "
+                     f"excluded {info.get('ExcNodeList')})")
     else:
         lines.append(f"job {ids[-1]}: unknown to the controller (it forgets ended jobs after MinJobAge), "
                      "or the controller is down")
@@ -164,12 +168,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     s.add_argument("--no-exclusive", action="store_true", help="share nodes with other jobs")
     s.add_argument("--signal-lead", type=int, default=300,
                    help="seconds before the time limit to checkpoint and requeue")
-    s.add_argument("--max-requeues", type=int, default=3, help="requeues after crashes, per job")
     s.add_argument("--rdzv-port", type=int, help="c10d rendezvous port (default: from the job id)")
     s.add_argument("--nccl-socket-ifname", help="NCCL_SOCKET_IFNAME (and GLOO_SOCKET_IFNAME), e.g. ib0")
     s.add_argument("--nccl-ib-hca", help="NCCL_IB_HCA, e.g. mlx5")
     s.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="extra environment")
     s.add_argument("--dry-run", action="store_true", help="print the batch script, submit nothing")
+    s.add_argument("--gpu", default="h100", help="GPU kind for the memory plan: h100, h200, a100, mi300x")
+    s.add_argument("--no-plan", action="store_true",
+                   help="submit without the memory plan (train.py --plan) that refuses a recipe that does not fit")
     for name, helptext in (("status", "state, progress, failure reason"), ("logs", "tail the job's logs"),
                            ("cancel", "scancel the run's job")):
         c = sub.add_parser(name, help=helptext)

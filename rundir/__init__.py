@@ -12,12 +12,20 @@ a SLURM batch script can use it::
     <run>/checkpoints/step-<N>/       DCP checkpoints; complete once ``.metadata`` exists
     <run>/launches/<n>/               per-launch snapshot (commit, diff, packages, code)
     <run>/launcher/                   attempts.jsonl, exit.json, the frozen recipe
+    <run>/hf/                         the end-of-run Hugging Face export (default)
+
+It also holds what every entry point shares: the repo root (``REPO``),
+train.py's exit codes and exit-note variable, and the one ``--set key=value``
+grammar (``parse_set``) of train.py, convert and eval.run.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import tomllib
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent  # the repository root
 
@@ -27,6 +35,8 @@ METRICS_FILE = "metrics.jsonl"
 EVALS_DIR = "evals"
 CHECKPOINTS_DIR = "checkpoints"
 LAUNCHER_DIR = "launcher"
+LAUNCHES_DIR = "launches"
+EXPORT_DIR = "hf"  # the end-of-run Hugging Face export, unless [checkpoint] export_dir says otherwise
 
 # train.py writes why it stopped to the file this variable names (launcher/exit.json).
 EXIT_FILE_ENV = "LANEFORMER_EXIT_FILE"
@@ -77,3 +87,33 @@ def latest_complete_checkpoint(run: Path) -> Path | None:
     """The newest complete ``checkpoints/step-N`` of a run dir, or None."""
     step = latest_complete_step(run)
     return None if step is None else step_dir(run, step)
+
+
+def model_config_file(path: Path) -> Path:
+    """``laneformer_config.json`` in ``path`` if it is a folder, else ``path`` itself."""
+    path = Path(path)
+    return path / MODEL_CONFIG_FILE if path.is_dir() else path
+
+
+def write_model_config(folder: Path, fields: dict) -> None:
+    """Write a model's native config fields to ``<folder>/laneformer_config.json``."""
+    (Path(folder) / MODEL_CONFIG_FILE).write_text(json.dumps(fields, indent=2) + "\n")
+
+
+def read_model_config(path: Path) -> dict:
+    """The native config fields in ``laneformer_config.json`` (the file, or a folder holding it)."""
+    return json.loads(model_config_file(path).read_text())
+
+
+def parse_set(item: str) -> tuple[str, Any]:
+    """One ``--set key=value``, the grammar every CLI shares: the value is read as a
+    TOML value (``3``, ``1e-4``, ``true``, ``[0, 1]``, ``"text"``), else taken as a
+    bare string. Raises ValueError without ``=``."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"--set {item!r}: expected key=value")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    return key.strip(), value

@@ -3,7 +3,6 @@ torchrun, metrics.jsonl), the launcher's reference run, and CORE's toy tokenizer
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -20,8 +19,8 @@ import torch
 from data.shards import write_manifest, write_shard
 from data.tokenizer import TINY_TOKENIZER, Tokenizer
 from launch.attempts import history
+from rundir import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
@@ -250,13 +249,108 @@ WORDS = sorted({w for items in TOY.values() for it in items for v in it.values()
 
 
 def tiny_random_model(seed: int = 0):
-    from models.laneformer import laneformer_configs
+    from models.laneformer import model_registry
     from models.laneformer.model import Laneformer
-    from train.cpu import DenseMaskFlexAttention
 
-    config = dataclasses.replace(laneformer_configs["tiny"](), inner_attention=DenseMaskFlexAttention.Config())
+    config = model_registry("tiny", attn_backend="dense").model
     torch.manual_seed(seed)
     model = Laneformer(config)
     model.init_states()
     return model.eval()
 
+
+
+# --- lane-parallel decoding (tests/models/test_generate.py, tests/e2e/test_lane_parallel_decode.py) ---
+
+# Every exchange variant Laneformer.Config supports, as overrides of the tiny shape with 6 layers
+# (with delay 2 the middle layers 2 and 3 send to 4 and 5) and a window of 3 that binds.
+DECODE_BASE = {"n_layers": 6, "window_size": 3, "window_layers": [0, 1, 2]}
+DECODE_VARIANTS = {
+    "default": {},
+    "delay 0": {"delay": 0},
+    "delay 1": {"delay": 1},
+    "early scaled": {"early_mode": "scaled"},
+    "early sends forward": {"early_send_forward": True},
+    "late flush": {"late_mode": "flush"},
+    "late present": {"late_mode": "present"},
+    "norm of sum": {"final_agg": "norm_of_sum"},
+    "no delayed exchange": {"delayed_exchange": False},
+    "delay 1, scaled+send, flush, norm of sum": {"delay": 1, "early_mode": "scaled", "early_send_forward": True,
+                                                 "late_mode": "flush", "final_agg": "norm_of_sum"},
+    "delay 4 > layers/2, flush": {"delay": 4, "early_send_forward": True, "late_mode": "flush"},
+}
+DECODE_PROMPT = [1, 5, 9, 200, 31, 7]
+
+
+def decode_config(**overrides):
+    """The tiny flavor with DECODE_BASE and ``overrides``, dense attention (CPU)."""
+    import dataclasses
+
+    from models.laneformer import laneformer_configs
+    from models.laneformer.attention import attention_config
+
+    return dataclasses.replace(laneformer_configs["tiny"](), **{**DECODE_BASE, **overrides},
+                               inner_attention=attention_config("dense"))
+
+
+def model_from_weights(config, weights):
+    """A Laneformer that uses ``weights`` (native names) in place, in eval mode, on CPU."""
+    from models.laneformer.model import Laneformer
+
+    with torch.device("meta"):
+        model = Laneformer(config)
+    model.load_state_dict(weights, assign=True)
+    for module in model.modules():  # RoPE caches are not in the state dict
+        if hasattr(module, "_init_self_buffers"):
+            module._init_self_buffers(buffer_device=torch.device("cpu"))
+    return model.eval()
+
+
+# --- a CORE bundle in the real format, with toy items (tests that need the format, not the data) ---
+
+# label, type, shots, file, baseline v1 %, baseline v2 % (the real bundle's tasks.csv values)
+CORE_ROWS = [
+    ("hellaswag_zeroshot", "multiple_choice", 0, "language_understanding/hellaswag.jsonl", 25, 25),
+    ("jeopardy", "language_modeling", 10, "world_knowledge/jeopardy_all.jsonl", 0, 0),
+    ("bigbench_qa_wikidata", "language_modeling", 10, "world_knowledge/bigbench_qa_wikidata.jsonl", 0, 0),
+    ("arc_easy", "multiple_choice", 10, "world_knowledge/arc_easy.jsonl", 25, 25),
+    ("arc_challenge", "multiple_choice", 10, "world_knowledge/arc_challenge.jsonl", 25, 25),
+    ("copa", "multiple_choice", 0, "commonsense_reasoning/copa.jsonl", 50, 50),
+    ("commonsense_qa", "multiple_choice", 10, "commonsense_reasoning/commonsense_qa.jsonl", 20, 40.3),
+    ("piqa", "multiple_choice", 10, "commonsense_reasoning/piqa.jsonl", 50, 50),
+    ("openbook_qa", "multiple_choice", 0, "commonsense_reasoning/openbook_qa.jsonl", 25, 25),
+    ("lambada_openai", "language_modeling", 0, "language_understanding/lambada_openai.jsonl", 0, 0),
+    ("hellaswag", "multiple_choice", 10, "language_understanding/hellaswag.jsonl", 25, 25),
+    ("winograd", "schema", 0, "language_understanding/winograd_wsc.jsonl", 50, 50),
+    ("winogrande", "schema", 0, "language_understanding/winogrande.jsonl", 50, 50),
+    ("bigbench_dyck_languages", "language_modeling", 10, "symbolic_problem_solving/bigbench_dyck_languages.jsonl", 0, 0),
+    ("agi_eval_lsat_ar", "multiple_choice", 3, "symbolic_problem_solving/agi_eval_lsat_ar.jsonl", 20, 25),
+    ("bigbench_cs_algorithms", "language_modeling", 10, "symbolic_problem_solving/bigbench_cs_algorithms.jsonl", 0, 0),
+    ("bigbench_operators", "language_modeling", 10, "symbolic_problem_solving/bigbench_operators.jsonl", 0, 0),
+    ("bigbench_repeat_copy_logic", "language_modeling", 10,
+     "symbolic_problem_solving/bigbench_repeat_copy_logic.jsonl", 0, 0),
+    ("squad", "language_modeling", 10, "reading_comprehension/squad.jsonl", 0, 0),
+    ("coqa", "language_modeling", 0, "reading_comprehension/coqa.jsonl", 0, 0),
+    ("boolq", "multiple_choice", 10, "reading_comprehension/boolq.jsonl", 62, 62),
+    ("bigbench_language_identification", "multiple_choice", 10,
+     "language_understanding/bigbench_language_identification.jsonl", 9.1, 25),
+]
+
+
+def write_toy_core_bundle(root: Path, skip: tuple[str, ...] = ()) -> Path:
+    """A bundle folder (tasks.csv, delimiter " ", and the TOY items of each task's type) at ``root``;
+    the task files of ``skip`` are left out (a partial CORE)."""
+    import csv
+
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "tasks.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["label", "type", "shots", "continuation_delimiter", "file", "baseline_v1", "baseline_v2"])
+        for label, kind, shots, file, v1, v2 in CORE_ROWS:
+            writer.writerow([label, kind, shots, " ", file, v1, v2])
+            path = root / "eval_data" / file
+            if label in skip:
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(it) + "\n" for it in TOY[kind]))
+    return root

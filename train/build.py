@@ -1,15 +1,19 @@
-"""Compile a ``Recipe`` into torchtitan's ``Trainer.Config`` objects.
+"""Check a ``Recipe`` against the model, the files and this machine, and compile it
+into torchtitan's ``Trainer.Config`` objects.
 
-Every recipe table maps onto the torchtitan component that owns it; nothing
-goes through command-line strings. The result is adapted for CPU (fp32,
-dense-mask attention, gloo) only when no GPU is present.
+``preflight`` runs every check a launch makes before anything is written (and
+``--dry-run`` runs the same). Every recipe table maps onto the torchtitan
+component that owns it; nothing goes through command-line strings. The result
+is adapted for CPU (fp32, gloo) only when no GPU is present; the attention
+kernel comes from ``model_registry``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchtitan.components.loss import CrossEntropyLoss
@@ -19,30 +23,38 @@ from torchtitan.components.optimizer.optimizer import ParamGroupConfig
 from torchtitan.config import CommConfig, CompileConfig, ParallelismConfig, TrainingConfig
 from torchtitan.config.configs import DebugConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+from torchtitan.protocols.model_spec import ModelSpec
 
+import rundir
 from data.loader import MixtureDataLoader, SentencePieceTokenizer, build_mixture
 from data.mixture import Mixture
-from models.laneformer import Laneformer, model_registry
+from data.tokenizer import Tokenizer, how_to_get
+from models.laneformer import NATIVE_FIELDS, Laneformer, laneformer_configs, model_registry
 from train.cpu import adapt_config
 from train.eval_hook import EvalHook
 from train.export_hook import ExportHook
 from train.preemption import PreemptionHook
-from train.recipe import REPO, Recipe, RecipeError, check_keys
+from train.recipe import Recipe, RecipeError, check_keys, check_value, check_world
 from train.trainer import GuardedOptimizers, LaneformerTrainer, MilestoneCheckpointManager
 
 
-def model_config(recipe: Recipe) -> Laneformer.Config:
-    """The flavor with the recipe's field overrides, checked against the model."""
-    fields = sorted({f.name for f in dataclasses.fields(Laneformer.Config)} - {"inner_attention"})
-    check_keys(recipe.model.overrides, fields, recipe.path, "[model]")
+def model_spec(recipe: Recipe) -> ModelSpec:
+    """The flavor's ModelSpec with the recipe's ``[model]`` overrides, each checked against
+    ``Laneformer.Config``'s type hints by the recipe's own checker."""
+    m, path = recipe.model, recipe.path
+    if m.flavor not in laneformer_configs:
+        raise RecipeError(f"{path}: [model] flavor: unknown {m.flavor!r}; known: {sorted(laneformer_configs)}")
+    check_keys(m.overrides, NATIVE_FIELDS, path, "[model]")
+    hints = typing.get_type_hints(Laneformer.Config)
+    overrides = {k: check_value(v, hints[k], path, "model", k) for k, v in m.overrides.items()}
     try:
-        return model_registry(recipe.model.flavor, **recipe.model.overrides).model
+        return model_registry(m.flavor, **overrides)
     except (ValueError, TypeError) as e:
-        raise RecipeError(f"{recipe.path}: [model] {e}") from e
+        raise RecipeError(f"{path}: [model] {e}") from e
 
 
-def repo_path(path: str) -> str:
-    return str(path if Path(path).is_absolute() else REPO / path)
+def model_config(recipe: Recipe) -> Laneformer.Config:
+    return model_spec(recipe).model
 
 
 def initial_load(recipe: Recipe) -> tuple[str | None, bool]:
@@ -50,73 +62,129 @@ def initial_load(recipe: Recipe) -> tuple[str | None, bool]:
     src = recipe.checkpoint.init_from
     if src is None:
         return None, False
-    path = Path(repo_path(src))
-    if (path / "config.json").exists() and list(path.glob("*.safetensors")):
+    path = Path(src)
+    why = f"{recipe.path}: [checkpoint] init_from: {path}"
+    if not path.exists():
+        raise RecipeError(f"{why} does not exist")
+    if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
         return str(path), True
-    if (path / ".metadata").exists():
+    if rundir.is_complete(path):
         return str(path), False
-    steps = sorted(
-        (int(p.name.split("-")[1]), p) for p in (path / "checkpoints").glob("step-*")
-        if p.name.split("-")[1].isdigit() and (p / ".metadata").exists()
-    )
-    if not steps:
+    latest = rundir.latest_complete_checkpoint(path)
+    if latest is None:
         raise RecipeError(
-            f"{recipe.path}: [checkpoint] init_from: {path} holds no complete checkpoint "
-            "(a run dir with checkpoints/step-N, a step dir, or an HF export)"
+            f"{why} holds no complete checkpoint "
+            "(a run dir with checkpoints/step-N, a step dir with .metadata, or an HF export)"
         )
-    return str(steps[-1][1]), False
+    return str(latest), False
 
 
-def source_specs(recipe: Recipe) -> list[dict]:
-    """The recipe's sources as data.mixture.SourceSpec fields, paths resolved."""
-    keys = ("name", "weight", "tokens", "max_epochs")
-    return [{k: getattr(s, k) for k in keys} | {"path": repo_path(s.path)} for s in recipe.data.sources]
+def writable(folder: Path) -> bool:
+    """Whether ``folder`` can be created or written: its nearest existing ancestor is a writable dir."""
+    folder = Path(folder)
+    while not folder.exists():
+        folder = folder.parent
+    return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
 
 
-def check_data(recipe: Recipe, config: Laneformer.Config) -> Mixture:
+@dataclass
+class Preflight:
+    """What the checks found: the model config and mixture when they could be built, and
+    every problem as ``file: [table] key: why``. A launch starts only with no problems."""
+
+    config: Laneformer.Config | None = None
+    mixture: Mixture | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+def preflight(recipe: Recipe, world_size: int) -> Preflight:
+    """Every check a launch makes before anything is written (``--dry-run`` runs the same)."""
+    out, p = Preflight(), recipe.path
+    d, t, c = recipe.data, recipe.training, recipe.checkpoint
+
+    def check(fn):
+        try:
+            return fn()
+        except RecipeError as e:
+            out.problems.append(str(e))
+
+    check(lambda: check_world(recipe, world_size))
+    out.config = check(lambda: model_config(recipe))
+    if out.config is not None and t.seq_len > out.config.max_seq_len:
+        out.problems.append(f"{p}: [training] seq_len: {t.seq_len} exceeds the model's max_seq_len "
+                            f"{out.config.max_seq_len}")
+    check(lambda: initial_load(recipe))
+    tokenizer = None
+    if not Path(d.tokenizer).is_file():
+        out.problems.append(f"{p}: [data] tokenizer: {d.tokenizer} not found{how_to_get(d.tokenizer)}")
+    else:
+        try:
+            tokenizer = Tokenizer(d.tokenizer)
+        except (ValueError, OSError, RuntimeError) as e:
+            out.problems.append(f"{p}: [data] tokenizer: {e}")
+    if not d.sources:
+        out.problems.append(f"{p}: [data] sources: needs at least one [[data.sources]]")
+    missing = [(i, s) for i, s in enumerate(d.sources) if not Path(s.path).is_dir()]
+    for i, s in missing:
+        out.problems.append(f"{p}: [data.sources[{i}]] path: {s.path} not found (source {s.name!r}; "
+                            "make it with python -m data.tokenize)")
+    if out.config is not None and tokenizer is not None and d.sources and not missing:
+        try:
+            out.mixture = check_data(recipe, out.config, tokenizer)
+        except (ValueError, OSError) as e:
+            out.problems.append(f"{p}: [data] sources: {e}")
+    if not writable(recipe.output_dir):
+        out.problems.append(f"{p}: [run] output_dir: {recipe.output_dir} is not writable")
+    if c.export_hf and not writable(Path(c.export_dir)):
+        out.problems.append(f"{p}: [checkpoint] export_dir: {c.export_dir} is not writable")
+    return out
+
+
+def check_data(recipe: Recipe, config: Laneformer.Config, tokenizer: Tokenizer | None = None) -> Mixture:
     """Open and validate every source against the tokenizer and model, as training will."""
     t = recipe.training
-    return build_mixture(source_specs(recipe), repo_path(recipe.data.tokenizer), t.seq_len,
+    return build_mixture(recipe.data.sources, tokenizer or Tokenizer(recipe.data.tokenizer), t.seq_len,
                          recipe.run.seed, config.vocab_size, t.steps * t.global_batch)
+
+
+def wandb_env(recipe: Recipe) -> dict[str, str]:
+    """The WANDB_* variables torchtitan's wandb logger reads (it has no config fields for them)."""
+    log = recipe.logging
+    return {"WANDB_PROJECT": log.wandb_project or recipe.run.name, "WANDB_RUN_NAME": recipe.run.name,
+            "WANDB_MODE": log.wandb_mode}
 
 
 def export_hooks(recipe: Recipe) -> list:
     """The end-of-run Hugging Face export, when the recipe asks for it."""
     if not recipe.checkpoint.export_hf:
         return []
-    out = recipe.checkpoint.export_dir
     return [ExportHook.Config(
-        out_dir=repo_path(out) if out else str(recipe.output_dir / "hf"),
+        out_dir=recipe.checkpoint.export_dir,
         recipe=Path(recipe.path).name,
-        tokenizer_dir=str(Path(repo_path(recipe.data.tokenizer)).parent),
+        tokenizer_dir=str(Path(recipe.data.tokenizer).parent),
     )]
 
 
 def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
     t, o, s, p, c, log = (recipe.training, recipe.optimizer, recipe.schedule, recipe.parallel,
                           recipe.checkpoint, recipe.logging)
-    spec = model_registry(recipe.model.flavor, **recipe.model.overrides)
+    spec = model_spec(recipe)
     vocab = spec.model.vocab_size
     adamw = {"lr": o.lr, "betas": tuple(o.betas), "eps": o.eps}
     no_decay = "|".join(f"(?:{r})" for r in o.no_decay) or r"(?!)"
     init_path, init_hf = initial_load(recipe)
-    os.environ.setdefault("WANDB_PROJECT", log.wandb_project or recipe.run.name)
-    os.environ.setdefault("WANDB_RUN_NAME", recipe.run.name)
-    os.environ.setdefault("WANDB_MODE", log.wandb_mode)
     config = LaneformerTrainer.Config(
         model_spec=spec,
         dump_folder=str(recipe.output_dir),
-        tokenizer=SentencePieceTokenizer.Config(path=repo_path(recipe.data.tokenizer)),
+        tokenizer=SentencePieceTokenizer.Config(path=recipe.data.tokenizer),
         dataloader=MixtureDataLoader.Config(
-            sources=source_specs(recipe),
-            tokenizer_path=repo_path(recipe.data.tokenizer),
+            sources=recipe.data.sources,
             vocab_size=vocab,
             seed=recipe.run.seed,
             total_samples=t.steps * t.global_batch,
         ),
         loss=CrossEntropyLoss.Config(global_vocab_size=vocab),
         optimizer=GuardedOptimizers.Config(
-            grad_clip=o.grad_clip,
             param_groups=[
                 ParamGroupConfig(pattern=no_decay, optimizer_name="AdamW",
                                  optimizer_kwargs={**adamw, "weight_decay": 0.0}),
@@ -135,7 +203,7 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
             global_batch_size=t.global_batch,
             seq_len=t.seq_len,
             steps=t.steps,
-            max_norm=math.inf,  # GuardedOptimizers clips, after looking at the norm
+            max_norm=o.grad_clip,  # torchtitan clips; the guard gets the pre-clip norm it computed
             mixed_precision_param=p.param_dtype,
             mixed_precision_reduce=p.reduce_dtype,
         ),
@@ -149,7 +217,7 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
                                "full": FullAC.Config()}[p.activation_checkpoint],
         checkpoint=MilestoneCheckpointManager.Config(
             enable=True,
-            folder="checkpoints",
+            folder=rundir.CHECKPOINTS_DIR,
             interval=c.interval,
             keep_latest_k=c.keep_last,
             async_mode="async" if c.async_save else "disabled",
@@ -167,15 +235,11 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
         ),
         comm=CommConfig(),
         debug=DebugConfig(seed=recipe.run.seed, deterministic=recipe.run.deterministic),
-        hooks=[EvalHook.Config(
-            **{k: v for k, v in dataclasses.asdict(recipe.eval).items()
-               if k not in ("val_sources", "core_bundle", "lm_eval_tasks")},
-            val_sources=[repo_path(p) for p in recipe.eval.val_sources],
-            core_bundle=recipe.eval.core_bundle and repo_path(recipe.eval.core_bundle),
-            lm_eval_tasks=recipe.eval.lm_eval_tasks and repo_path(recipe.eval.lm_eval_tasks),
-        ), *export_hooks(recipe), PreemptionHook.Config()],  # last: an eval due at the preempted step runs first
+        hooks=[EvalHook.Config(**dataclasses.asdict(recipe.eval)),
+               *export_hooks(recipe), PreemptionHook.Config()],  # last: an eval due at the preempted step runs first
         skip_spikes=t.skip_spikes,
         spike_sigmas=t.spike_sigmas,
         spike_window=t.spike_window,
+        max_consecutive_skips=t.max_consecutive_skips,
     )
     return adapt_config(config)

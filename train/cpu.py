@@ -1,17 +1,16 @@
-"""Every CPU-only adjustment torchtitan 0.3.0 needs, in one place.
+"""The CPU-only adjustments torchtitan 0.3.0's Trainer needs, in one place.
 
 torchtitan assumes an accelerator ("cuda" when none is found), gloo lacks the
-PREMUL_SUM reduction FSDP uses, FlexAttention has no CPU backward, and bf16
-GEMMs are ~20x slower on CPU. Tests and CI run on CPU-only machines, so:
+PREMUL_SUM reduction FSDP uses, and bf16 GEMMs are ~20x slower on CPU. Tests
+and CI run on CPU-only machines, so:
 
     from train.cpu import use_cpu_if_no_gpu, adapt_config
     use_cpu_if_no_gpu()            # first thing in an entry point
     config = adapt_config(config)  # on the Trainer.Config, before building
 
 Both are no-ops when a CUDA GPU is present, so the same entry points and
-configs run unchanged on a cluster (where FlexAttention stays in use, so masks
-have a single definition: the BlockMask's mask_mod). torchtitan's compiled
-create_block_mask works on CPU, so masks are built the same way on both.
+configs run unchanged on a cluster. The attention kernel is not chosen here:
+``model_registry`` picks it (``models.laneformer.attention``).
 """
 
 from __future__ import annotations
@@ -25,23 +24,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from torch.nn.attention.flex_attention import BlockMask
-
-from torchtitan.models.common.attention import FlexAttention
 
 if TYPE_CHECKING:
     from torchtitan.trainer import Trainer
 
 __all__ = [
     "CPU_COMM_TIMEOUT_SECONDS",
-    "DenseMaskFlexAttention",
     "adapt_config",
-    "dense_mask_from_block_mask",
     "force_sum_reduction",
     "has_gpu",
     "use_cpu_if_no_gpu",
-    "use_dense_attention",
 ]
 
 # Compile and gloo collectives on 2 slow cores can exceed torchtitan's 100 s.
@@ -168,9 +160,8 @@ def adapt_config(config: Trainer.Config) -> Trainer.Config:
     """Adjust a ``Trainer.Config`` in place for CPU; unchanged with a GPU.
 
     fp32 params (bf16 GEMMs are ~20x slower on CPU), no CUDA graphs, long
-    comm timeouts, FlexAttention -> DenseMaskFlexAttention, and FSDP modules
-    forced to SUM reductions (wrapping ``model_spec.parallelize_fn``, which
-    the Trainer also hands to pipelining_fn).
+    comm timeouts, and FSDP modules forced to SUM reductions (wrapping
+    ``model_spec.parallelize_fn``, which the Trainer also hands to pipelining_fn).
     """
     if has_gpu():
         return config
@@ -184,79 +175,6 @@ def adapt_config(config: Trainer.Config) -> Trainer.Config:
     )
     spec = config.model_spec
     if spec is not None:
-        use_dense_attention(spec)
         spec.parallelize_fn = _with_force_sum_reduction(spec.parallelize_fn)
     return config
 
-
-def use_dense_attention(config: Any) -> Any:
-    """Swap every FlexAttention.Config under ``config`` (a ModelSpec or model
-    config) for DenseMaskFlexAttention.Config; returns ``config``."""
-    for _, cfg, parent, attr in list(config.traverse(FlexAttention.Config)):
-        if isinstance(cfg, DenseMaskFlexAttention.Config) or parent is None:
-            continue
-        new = DenseMaskFlexAttention.Config(
-            block_size=cfg.block_size, kernel_options=dict(cfg.kernel_options)
-        )
-        if isinstance(parent, list):
-            parent[attr] = new
-        else:
-            setattr(parent, attr, new)
-    return config
-
-
-def dense_mask_from_block_mask(block_mask: BlockMask) -> torch.Tensor:
-    """Evaluate ``block_mask.mask_mod`` on every (b, h, q, kv): a boolean
-    tensor [B_mask, H_mask, Q, KV] (B_mask/H_mask as the BlockMask was built,
-    usually [B, 1, S, S]) that broadcasts against SDPA's [B, H, Q, KV]."""
-    q_len, kv_len = block_mask.seq_lengths
-    n_b, n_h = block_mask.kv_num_blocks.shape[:2]
-    device = block_mask.kv_num_blocks.device
-    b = torch.arange(n_b, device=device).view(-1, 1, 1, 1)
-    h = torch.arange(n_h, device=device).view(1, -1, 1, 1)
-    q = torch.arange(q_len, device=device).view(1, 1, -1, 1)
-    kv = torch.arange(kv_len, device=device).view(1, 1, 1, -1)
-    mask = block_mask.mask_mod(b, h, q, kv)
-    return mask.to(torch.bool).expand(n_b, n_h, q_len, kv_len)
-
-
-class DenseMaskFlexAttention(FlexAttention):
-    """FlexAttention's interface computed with SDPA and a dense boolean mask.
-
-    CPU fallback: flex_attention has no backward on CPU. The mask is the
-    BlockMask's own ``mask_mod``, so masks are defined once for both paths.
-    O(S^2) memory: for tests and small CPU runs only. (A query whose mask row
-    is empty gets 0 from SDPA, as from flex.)
-    """
-
-    @dataclasses.dataclass(kw_only=True, slots=True)
-    class Config(FlexAttention.Config):
-        pass
-
-    def forward(
-        self,
-        q_BLNH: torch.Tensor,
-        k_BLNH: torch.Tensor,
-        v_BLNH: torch.Tensor,
-        *,
-        attention_masks: BlockMask,
-        score_mod=None,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-        out_transform=None,
-        **kwargs,
-    ) -> torch.Tensor:
-        assert isinstance(
-            attention_masks, BlockMask
-        ), f"attention_masks must be a BlockMask, got {type(attention_masks)}"
-        if score_mod is not None or out_transform is not None:
-            raise NotImplementedError(
-                "DenseMaskFlexAttention supports mask_mod only (no score_mod, "
-                "no lse/out_transform)"
-            )
-        mask = dense_mask_from_block_mask(attention_masks)
-        q, k, v = (t.transpose(1, 2) for t in (q_BLNH, k_BLNH, v_BLNH))
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa
-        )
-        return out.transpose(1, 2)

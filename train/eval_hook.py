@@ -1,7 +1,9 @@
 """Evaluation during training: every N steps and at the end, never fatal.
 
-Validation loss and bits-per-byte on held-out tokenized sources, DCLM CORE on a
-bundle, and lm-eval tasks. Results go to stdout, the metric loggers
+Validation loss and bits-per-byte on held-out tokenized sources (over the
+tokens training learns from: chat sources' masked labels are left out, as in
+the training loss), DCLM CORE on a bundle, lm-eval tasks, and a small EvalPlus
+subset (HumanEval+/MBPP+, e.g. during SFT). Results go to stdout, the metric loggers
 (tensorboard, wandb) and ``<run>/evals/step-<N>.json`` with the eval's wall
 time. A failing part is logged and written to that JSON; the others and training go on.
 """
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
-from data.mixture import Mixture, SourceSpec
+from data.mixture import IGNORE_INDEX, Mixture, SourceSpec
 
 if TYPE_CHECKING:
     from train.trainer import LaneformerTrainer
@@ -52,6 +54,10 @@ class EvalHook(Configurable):
         core_max_per_task: int = 50
         lm_eval_tasks: str | None = None
         lm_eval_limit: int | None = None
+        evalplus: str | None = None  # "humaneval" or "mbpp"
+        evalplus_data: str | None = None  # its release file (eval.evalplus)
+        evalplus_limit: int | None = 20  # tasks
+        evalplus_chat: bool = False  # instruct prompts through the chat template
 
     def __init__(self, config: Config):
         self.config = config
@@ -60,12 +66,13 @@ class EvalHook(Configurable):
     def after_step(self, trainer: LaneformerTrainer) -> None:
         c, step = self.config, trainer.step
         due = (c.every and step % c.every == 0) or (c.at_end and step == trainer.config.training.steps)
-        if not due or not (c.val_sources or c.core_bundle or c.lm_eval_tasks):
+        if not due or not (c.val_sources or c.core_bundle or c.lm_eval_tasks or c.evalplus):
             return
         start, results, errors = time.perf_counter(), {}, []
         model = trainer.model_parts[0]
         model.eval()
-        parts = [(self.validation, c.val_sources), (self.core, c.core_bundle), (self.lm_eval, c.lm_eval_tasks)]
+        parts = [(self.validation, c.val_sources), (self.core, c.core_bundle), (self.lm_eval, c.lm_eval_tasks),
+                 (self.evalplus, c.evalplus)]
         for run, wanted in parts:
             if not wanted:
                 continue
@@ -108,7 +115,8 @@ class EvalHook(Configurable):
                 positions=torch.from_numpy(batch["positions"]).to(trainer.device))
             nats = F.cross_entropy(logits.float().flatten(0, 1), labels.to(trainer.device).flatten(),
                                    reduction="sum")
-            totals += torch.tensor([float(nats), labels.numel(), float(self._bytes[labels].sum())],
+            kept = labels != IGNORE_INDEX  # cross_entropy skips these too (its default ignore_index)
+            totals += torch.tensor([float(nats), int(kept.sum()), float(self._bytes[labels[kept]].sum())],
                                    dtype=torch.float64)
         if dist.is_initialized():
             dist.all_reduce(totals)
@@ -121,6 +129,11 @@ class EvalHook(Configurable):
 
     def lm_eval(self, trainer: LaneformerTrainer) -> dict[str, float]:
         return self._evaluate(trainer, lm_eval_tasks=self.config.lm_eval_tasks, limit=self.config.lm_eval_limit)
+
+    def evalplus(self, trainer: LaneformerTrainer) -> dict[str, float]:
+        c = self.config
+        return self._evaluate(trainer, evalplus=c.evalplus, evalplus_data=c.evalplus_data,
+                              evalplus_limit=c.evalplus_limit, chat=c.evalplus_chat)
 
     def _evaluate(self, trainer: LaneformerTrainer, **what) -> dict[str, float]:
         from eval.suite import evaluate

@@ -3,19 +3,29 @@
 Writes ``<run>/hf`` (or ``[checkpoint] export_dir``) with the remote code,
 safetensors, tokenizer files and a model card naming the recipe, the tokens
 seen and the latest eval numbers of the run.
+
+It runs after training, once the final checkpoint is on disk, so a failed
+export loses nothing: it raises ``ExportFailed`` on every rank with the
+``convert to-hf`` command that redoes it from that checkpoint, and train.py
+exits ``EXIT_EXPORT_FAILED`` (not requeued: training is complete).
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 
+from rundir import EXIT_EXPORT_FAILED
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
+
+from train.preemption import StopRun
 
 if TYPE_CHECKING:
     from train.trainer import LaneformerTrainer
@@ -24,6 +34,10 @@ if TYPE_CHECKING:
 def latest_evals(run_dir: Path) -> dict[str, float] | None:
     reports = sorted((run_dir / "evals").glob("step-*.json"), key=lambda p: int(p.stem.split("-")[1]))
     return json.loads(reports[-1].read_text())["metrics"] if reports else None
+
+
+class ExportFailed(StopRun):
+    code, reason = EXIT_EXPORT_FAILED, "training complete, export failed"
 
 
 class ExportHook(Configurable):
@@ -37,17 +51,43 @@ class ExportHook(Configurable):
     def __init__(self, config: Config):
         self.config = config
 
-    def after_step(self, trainer: LaneformerTrainer) -> None:
+    def command(self, run_dir: Path, tokens: int) -> str:
+        """The CLI call that writes the same export from the run's latest complete checkpoint."""
+        c = self.config
+        args = ["python", "-m", "models.laneformer.convert", "to-hf", str(run_dir), c.out_dir,
+                "--tokenizer", c.tokenizer_dir, "--dtype", c.dtype, "--recipe", c.recipe,
+                "--tokens-seen", str(tokens), "--overwrite"]
+        return shlex.join(args)
+
+    def after_train(self, trainer: LaneformerTrainer) -> None:
         if trainer.step != trainer.config.training.steps:
             return
-        from models.laneformer.hf.export import ModelCard, to_hf
-
-        c = self.config
         run_dir = Path(trainer.config.dump_folder)
         t = trainer.config.training
         tokens = trainer.step * t.global_batch_size * t.seq_len
-        card = ModelCard(recipe=c.recipe, step=trainer.step, tokens_seen=tokens, evals=latest_evals(run_dir))
-        path = to_hf(trainer.model_parts[0], c.out_dir, tokenizer_dir=c.tokenizer_dir, card=card,
-                     dtype=getattr(torch, c.dtype), overwrite=True)
+        try:
+            path = self._export(trainer, run_dir, tokens)
+            error = None
+        except Exception as e:  # every rank must learn of it: the gather may have passed elsewhere
+            error = f"{type(e).__name__}: {e}"
+            logger.exception("the end-of-run export failed")
+        errors = [error]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            errors = [None] * dist.get_world_size()
+            dist.all_gather_object(errors, error)
+        failed = [e for e in errors if e]
+        if failed:
+            command = self.command(run_dir, tokens)
+            raise ExportFailed(f"training is complete and checkpointed, but the export to {self.config.out_dir} "
+                               f"failed ({failed[0]}). Retry with:\n  {command}",
+                               step=trainer.step, message=failed[0], command=command)
         if path is not None:
             logger.info(f"exported the final weights to {path}")
+
+    def _export(self, trainer: LaneformerTrainer, run_dir: Path, tokens: int) -> Path | None:
+        from models.laneformer.hf.export import ModelCard, to_hf
+
+        c = self.config
+        card = ModelCard(recipe=c.recipe, step=trainer.step, tokens_seen=tokens, evals=latest_evals(run_dir))
+        return to_hf(trainer.model_parts[0], c.out_dir, tokenizer_dir=c.tokenizer_dir, card=card,
+                     dtype=getattr(torch, c.dtype), overwrite=True)

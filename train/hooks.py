@@ -1,4 +1,5 @@
-"""Side effects of training, hung off the trainer: each is a small object called after a step.
+"""Side effects of training, hung off the trainer: each is a small object called after a step
+(``after_step``) and, optionally, once after the final checkpoint is saved (``after_train``).
 
 ``MetricsJsonl`` is a torchtitan metric logger (beside tensorboard and wandb)
 that appends every logged metric dict to ``<run>/metrics.jsonl``, flushed per
@@ -12,6 +13,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rundir import METRICS_FILE
 from torchtitan.components.metrics import BaseLogger
 from torchtitan.tools.logging import logger
 
@@ -20,7 +22,18 @@ if TYPE_CHECKING:
 
 
 class Hook(Protocol):
-    def after_step(self, trainer: LaneformerTrainer) -> None: ...
+    """Has ``after_step(trainer)``, ``after_train(trainer)`` or both."""
+
+
+def last_logged(run: Path, key: str) -> tuple[int, float] | None:
+    """(step, value) of the last ``key`` in a run's metrics.jsonl, or None."""
+    found = None
+    path = Path(run) / METRICS_FILE
+    for line in path.read_text().splitlines() if path.exists() else []:
+        row = json.loads(line)
+        if key in row:
+            found = (row["step"], row[key])
+    return found
 
 
 class MetricsJsonl(BaseLogger):

@@ -9,7 +9,10 @@ leave. A flag set during an eval or a save stays set until the next boundary.
 
 torchrun hides its workers' exit codes, so the reason a process stopped is also
 written to ``$LANEFORMER_EXIT_FILE`` (when a launcher sets it) for the launcher
-to decide between resubmitting and giving up.
+to decide between resubmitting and giving up. The codes are ``rundir``'s.
+
+The flag is agreed on over a CPU (gloo) group and read as host memory, so the
+check after every step never waits for the GPU.
 """
 
 from __future__ import annotations
@@ -24,14 +27,14 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from rundir import EXIT_FILE_ENV, EXIT_PREEMPTED as PREEMPTED
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
 if TYPE_CHECKING:
     from train.trainer import LaneformerTrainer
 
-PREEMPTED = 75  # sysexits' EX_TEMPFAIL: checkpointed on a signal, run me again
-EXIT_FILE_ENV = "LANEFORMER_EXIT_FILE"
+__all__ = ["EXIT_FILE_ENV", "PREEMPTED", "Preempted", "PreemptionHook", "StopRun", "catch_signals", "note_exit"]
 
 
 class Preempted(SystemExit):
@@ -42,6 +45,18 @@ class Preempted(SystemExit):
     def __init__(self, step: int):
         super().__init__(PREEMPTED)
         self.step = step
+
+
+class StopRun(Exception):
+    """Training ended on purpose but not as planned (e.g. the export failed, too many skipped
+    steps): train.py prints the message, notes ``reason`` and ``details`` and exits ``code``."""
+
+    code: int = 1
+    reason: str = "stopped"
+
+    def __init__(self, text: str, /, **details):
+        super().__init__(text)
+        self.details = details
 
 
 SIGNALS = (signal.SIGUSR1,)
@@ -70,12 +85,19 @@ class PreemptionHook(Configurable):
 
     def __init__(self, config: Config):
         catch_signals()
+        self._group = None
+
+    def _anyone_requested(self) -> bool:
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return _requested
+        if self._group is None:  # a host-side group: agreeing needs no device sync
+            self._group = dist.new_group(backend="gloo")
+        flag = torch.tensor([int(_requested)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+        return bool(flag.numpy()[0])
 
     def after_step(self, trainer: LaneformerTrainer) -> None:
-        flag = torch.tensor([int(_requested)], device=trainer.device)
-        if dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if not flag.item() or trainer.step >= trainer.config.training.steps:
+        if not self._anyone_requested() or trainer.step >= trainer.config.training.steps:
             return  # on the last step the loop's own final save follows
         logger.warning(f"preemption requested: saving a checkpoint at step {trainer.step} and exiting")
         # last_step=True is torchtitan's forced save: any interval, full state (the

@@ -3,11 +3,14 @@
 A recipe has the tables below. Every key is checked against its declared
 type; unknown keys, wrong types and impossible values raise ``RecipeError``
 naming the file, the table and the key (and the closest valid key on a typo).
-``--set table.key=value`` overrides go through the same checks.
+``--set table.key=value`` overrides (``rundir.parse_set``'s grammar) go
+through the same checks.
 
 Sizes may be given in steps or in tokens (``total_tokens`` / ``steps``,
 ``global_batch`` / ``global_batch_tokens``, ``warmup_steps`` /
-``warmup_tokens``): exactly one of each pair, resolved by ``resolve()``.
+``warmup_tokens``): exactly one of each pair, resolved by ``resolve()``, which
+also makes every path absolute (relative paths are relative to the repo).
+``[[data.sources]]`` parse straight into ``data.mixture.SourceSpec``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import tomllib
 import types
 import typing
@@ -22,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-REPO = Path(__file__).resolve().parent.parent
+from data.mixture import MixtureError, SourceSpec
+from rundir import EXPORT_DIR, REPO, parse_set
+
 RECIPES = REPO / "recipes"
 
 
@@ -46,20 +52,9 @@ class Model:
 
 
 @dataclass(kw_only=True)
-class Source:
-    name: str
-    path: str  # a tokenized source dir (data.tokenize output), relative to the repo
-    hub_id: str | None = None  # where the text comes from, for data.tokenize
-    subset: str | None = None
-    weight: float | None = None  # share of the mixture ...
-    tokens: int | None = None  # ... or a token budget for this phase
-    max_epochs: float = 1.0  # how many times the source may be repeated
-
-
-@dataclass(kw_only=True)
 class Data:
     tokenizer: str  # the SentencePiece .model the shards were made with
-    sources: list[Source] = field(default_factory=list)
+    sources: list[SourceSpec] = field(default_factory=list)  # [[data.sources]]
 
 
 @dataclass(kw_only=True)
@@ -93,6 +88,7 @@ class Training:
     skip_spikes: bool = True  # skip the step on a non-finite or spiking loss / grad norm
     spike_sigmas: float = 6.0
     spike_window: int = 100
+    max_consecutive_skips: int = 100  # stop (exit 4) after this many skips in a row (a spike window)
 
 
 @dataclass(kw_only=True)
@@ -114,7 +110,14 @@ class Checkpoint:
     init_from: str | None = None  # a run dir, checkpoint dir or HF export to start from
     init_weights_only: bool = True  # start fresh optimizer and step counter from init_from
     export_hf: bool = False  # at the end, write a Hugging Face folder of the final weights
-    export_dir: str | None = None  # default: <run>/hf
+    export_dir: str | None = None  # default: <run>/hf (rundir.EXPORT_DIR)
+
+
+@dataclass(kw_only=True)
+class Launch:
+    # Crash restarts (each after a new checkpoint) allowed per 24 hours; 0: no limit.
+    # Crashes without a new checkpoint in between always stop the run.
+    crashes_per_day: int = 8
 
 
 @dataclass(kw_only=True)
@@ -135,6 +138,10 @@ class Eval:
     core_max_per_task: int = 50
     lm_eval_tasks: str | None = None  # a JSON/YAML file of lm-eval task dicts
     lm_eval_limit: int | None = None
+    evalplus: str | None = None  # "humaneval" or "mbpp": EvalPlus pass@1 on a few tasks (SFT)
+    evalplus_data: str | None = None  # HumanEvalPlus.jsonl(.gz) / MbppPlus.jsonl(.gz)
+    evalplus_limit: int | None = 20
+    evalplus_chat: bool = False  # instruct prompts through the chat template
 
 
 @dataclass(kw_only=True)
@@ -149,12 +156,13 @@ class Recipe:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     logging: Logging = field(default_factory=Logging)
     eval: Eval = field(default_factory=Eval)
+    launch: Launch = field(default_factory=Launch)
     path: str = ""  # the file it came from
 
     @property
     def output_dir(self) -> Path:
-        out = self.run.output_dir or f"runs/{self.run.name}"
-        return (REPO / out).resolve()
+        """The run dir (absolute once resolved; default ``runs/<name>`` in the repo)."""
+        return absolute(self.run.output_dir or f"runs/{self.run.name}")
 
     @property
     def tokens_per_step(self) -> int:
@@ -191,14 +199,13 @@ def load(name: str, overrides: list[str] = ()) -> Recipe:
 
 
 def _apply_override(raw: dict, item: str, path: Path) -> None:
-    key, sep, text = item.partition("=")
-    parts = key.strip().split(".")
-    if not sep or len(parts) < 2:
-        raise RecipeError(f"--set {item!r}: expected table.key=value")
     try:
-        value = tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = text  # a bare string
+        key, value = parse_set(item)
+    except ValueError:
+        key, value = "", None
+    parts = key.split(".")
+    if len(parts) < 2:
+        raise RecipeError(f"--set {item!r}: expected table.key=value")
     table = raw
     for part in parts[:-1]:
         table = table.setdefault(part, {})
@@ -223,7 +230,7 @@ def _parse_table(cls, table: dict, path: Path, where: str):
     if cls is Model:  # flavor plus free-form overrides, checked against the model later
         if "flavor" not in table:
             raise RecipeError(f"{path}: [model] missing key 'flavor'")
-        flavor = _check_value(table["flavor"], str, path, where, "flavor")
+        flavor = check_value(table["flavor"], str, path, where, "flavor")
         return Model(flavor=flavor, overrides={k: v for k, v in table.items() if k != "flavor"})
     hints = typing.get_type_hints(cls)
     check_keys(table, hints, path, f"[{where}]")
@@ -233,7 +240,7 @@ def _parse_table(cls, table: dict, path: Path, where: str):
             if not _has_default(cls, name):
                 raise RecipeError(f"{path}: [{where}] missing key '{name}'")
             continue
-        values[name] = _check_value(table[name], tp, path, where, name)
+        values[name] = check_value(table[name], tp, path, where, name)
     return cls(**values)
 
 
@@ -246,7 +253,7 @@ def check_keys(table: dict, valid, path, where: str) -> None:
             raise RecipeError(f"{path}: {where} has unknown key '{key}'{hint}")
 
 
-def _check_value(value, tp, path: Path, where: str, key: str):
+def check_value(value, tp, path: Path, where: str, key: str):
     """``value`` checked (and lightly converted: int -> float) against type ``tp``."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     bad = RecipeError(f"{path}: [{where}] {key}: expected {_type_name(tp)}, got {value!r}")
@@ -257,7 +264,7 @@ def _check_value(value, tp, path: Path, where: str, key: str):
             if arg is type(None):
                 continue
             try:
-                return _check_value(value, arg, path, where, key)
+                return check_value(value, arg, path, where, key)
             except RecipeError:
                 pass
         raise bad
@@ -268,11 +275,14 @@ def _check_value(value, tp, path: Path, where: str, key: str):
     if origin is list:
         if not isinstance(value, list):
             raise bad
-        return [_check_value(v, args[0], path, where, f"{key}[{i}]") for i, v in enumerate(value)]
+        return [check_value(v, args[0], path, where, f"{key}[{i}]") for i, v in enumerate(value)]
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise bad
-        return _parse_table(tp, value, path, f"{where}.{key}")
+        try:
+            return _parse_table(tp, value, path, f"{where}.{key}")
+        except MixtureError as e:  # SourceSpec checks its own values
+            raise RecipeError(f"{path}: [{where}.{key}] {e}") from e
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is int and isinstance(value, float) and value.is_integer() and abs(value) >= 1e6:
@@ -291,9 +301,26 @@ def _has_default(cls, name: str) -> bool:
     return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
 
 
+def absolute(path: str | Path) -> Path:
+    """``path``, relative to the repo unless absolute."""
+    return Path(os.path.abspath(REPO / path))
+
+
 def resolve(recipe: Recipe) -> None:
-    """Turn token-denominated sizes into steps and check values that must hold together."""
+    """Make paths absolute, turn token-denominated sizes into steps and check values
+    that must hold together."""
     p = recipe.path
+    d, e, c = recipe.data, recipe.eval, recipe.checkpoint
+    recipe.run.output_dir = str(recipe.output_dir)
+    d.tokenizer = str(absolute(d.tokenizer))
+    d.sources = [dataclasses.replace(s, path=str(absolute(s.path))) for s in d.sources]
+    e.val_sources = [str(absolute(v)) for v in e.val_sources]
+    e.core_bundle = e.core_bundle and str(absolute(e.core_bundle))
+    e.lm_eval_tasks = e.lm_eval_tasks and str(absolute(e.lm_eval_tasks))
+    e.evalplus_data = e.evalplus_data and str(absolute(e.evalplus_data))
+    c.init_from = c.init_from and str(absolute(c.init_from))
+    c.export_dir = str(absolute(c.export_dir or recipe.output_dir / EXPORT_DIR))
+
     t, s, o = recipe.training, recipe.schedule, recipe.optimizer
 
     def fail(where: str, why: str):
@@ -324,6 +351,8 @@ def resolve(recipe: Recipe) -> None:
         fail("training", f"steps: must be > 0 (got {t.steps})")
     if t.spike_sigmas <= 0 or t.spike_window < 2:
         fail("training", "spike_sigmas must be > 0 and spike_window >= 2")
+    if t.max_consecutive_skips < 1:
+        fail("training", f"max_consecutive_skips: must be >= 1 (got {t.max_consecutive_skips})")
 
     if o.lr <= 0:
         fail("optimizer", f"lr: must be > 0 (got {o.lr})")
@@ -347,27 +376,18 @@ def resolve(recipe: Recipe) -> None:
     if not 0 <= s.min_lr_ratio <= 1:
         fail("schedule", f"min_lr_ratio: must be in [0, 1] (got {s.min_lr_ratio})")
 
-    c = recipe.checkpoint
     if c.interval <= 0 or c.keep_last < 0:
         fail("checkpoint", "interval must be > 0 and keep_last >= 0")
-    e = recipe.eval
+    if recipe.launch.crashes_per_day < 0:
+        fail("launch", f"crashes_per_day: must be >= 0 (got {recipe.launch.crashes_per_day})")
     if e.every < 0 or e.val_samples <= 0 or e.core_max_per_task <= 0:
         fail("eval", "every must be >= 0, val_samples and core_max_per_task > 0")
+    if e.evalplus not in (None, "humaneval", "mbpp"):
+        fail("eval", f"evalplus: {e.evalplus!r} is not 'humaneval' or 'mbpp'")
     if recipe.logging.interval <= 0:
         fail("logging", f"interval: must be > 0 (got {recipe.logging.interval})")
     if recipe.parallel.replicate < 1 or recipe.parallel.shard == 0 or recipe.parallel.shard < -1:
         fail("parallel", "replicate must be >= 1 and shard >= 1 or -1")
-
-    for i, src in enumerate(recipe.data.sources):
-        where = f"data.sources[{i}] ({src.name})"
-        if (src.weight is None) == (src.tokens is None):
-            fail(where, "give exactly one of 'weight' and 'tokens'")
-        if src.weight is not None and src.weight < 0:
-            fail(where, f"weight: must be >= 0 (got {src.weight})")
-        if src.tokens is not None and src.tokens <= 0:
-            fail(where, f"tokens: must be > 0 (got {src.tokens})")
-        if src.max_epochs <= 0:
-            fail(where, f"max_epochs: must be > 0 (got {src.max_epochs})")
 
 
 def check_world(recipe: Recipe, world_size: int) -> int:

@@ -13,7 +13,9 @@ import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
-from train.recipe import REPO, Recipe, to_toml
+import rundir
+from rundir import REPO
+from train.recipe import Recipe, to_toml
 
 CODE_SUFFIXES = {".py", ".toml", ".md", ".cfg", ".txt", ".json", ".sh"}
 CODE_NAMES = {"Makefile", "run"}
@@ -38,13 +40,13 @@ def code_files() -> list[Path]:
 
 def record_launch(recipe: Recipe, model_config) -> Path:
     """Write the run's recipe and model config and this launch's snapshot; return its folder."""
-    from models.laneformer.hf.config_map import write_native_config
+    from models.laneformer import write_native_config
 
     run = recipe.output_dir
     run.mkdir(parents=True, exist_ok=True)
-    (run / "recipe.toml").write_text(to_toml(recipe))
+    (run / rundir.RECIPE_FILE).write_text(to_toml(recipe))
     write_native_config(model_config, run)
-    launches = run / "launches"
+    launches = run / rundir.LAUNCHES_DIR
     launches.mkdir(exist_ok=True)
     n = 1 + max((int(p.name) for p in launches.iterdir() if p.name.isdigit()), default=0)
     launch = launches / f"{n:03d}"

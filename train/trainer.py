@@ -1,27 +1,40 @@
 """torchtitan's Trainer with the few things a pretraining run needs on top.
 
-- Bad steps are skipped, not fatal: ``GuardedOptimizers`` asks the trainer's
-  ``StepGuard`` before every update (global loss and pre-clip grad norm), and
-  clips gradients itself so the guard sees the norm before clipping.
-- Permanent milestone checkpoints survive ``keep_last`` purging.
-- Side effects of training (skip log, per-source token counts, later eval and
-  preemption) are small hooks called after each step, not code in the loop.
+- Bad steps are skipped, not fatal, and the decision stays on the device: the
+  pre-clip gradient norm torchtitan computes (and clips with) is handed to the
+  ``StepGuard`` together with the step's global loss, and the guard's 0/1
+  answer goes into the fused AdamW as ``found_inf``, which leaves weights,
+  moments and step count untouched when it is 1. Nothing in a steady step
+  reads a tensor on the host; skip counts and progress are read at logging
+  steps only. Too many consecutive skips stop the run (``SkippedOut``).
+- Permanent milestone checkpoints survive ``keep_last`` purging; a latest
+  checkpoint that fails to load is moved aside and the previous one is used.
+- Side effects of training (skip log, per-source token counts, eval,
+  preemption) are small hooks called after each step; the end-of-run export
+  is an ``after_train`` hook, called once the final checkpoint is on disk.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Callable
 
 import torch
 import torch.distributed as dist
 import tyro
+from torch.distributed.checkpoint.api import CheckpointException
 
+from rundir import EXIT_SKIPPED_OUT, METRICS_FILE, is_complete, latest_complete_checkpoint, step_number
 from torchtitan.components.checkpointer import CheckpointManager
 from torchtitan.components.checkpointer.base import LR_SCHEDULER
+from torchtitan.components.metrics import LoggerContainer
 from torchtitan.components.optimizer import OptimizersContainer
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools import utils
@@ -29,32 +42,64 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from train.guard import StepGuard
-from train.hooks import Hook, LogSourceTokens, MetricsJsonl
+from train.hooks import Hook, LogSourceTokens, MetricsJsonl, last_logged
+from train.preemption import StopRun
+from train.recipe import Recipe
 
 
 class GuardedOptimizers(OptimizersContainer):
-    """An optimizer step that first clips gradients and asks whether to skip."""
+    """Fused Adam(W) steps that apply or skip on the device: ``skip`` (the guard's 0/1 tensor,
+    set before every step) is passed as ``found_inf``, the switch torch's fused kernels already
+    have for AMP. Clipping is torchtitan's (``training.max_norm``)."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(OptimizersContainer.Config):
-        grad_clip: float = 1.0
+        pass  # its own Config, so that build() makes a GuardedOptimizers
 
     def __init__(self, config: Config, **kwargs):
         super().__init__(config, **kwargs)
-        self.grad_clip = config.grad_clip
-        self.should_skip = lambda grad_norm: None  # set by LaneformerTrainer
+        for optimizer in self.optimizers:
+            if not (isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
+                    and all(g.get("fused") for g in optimizer.param_groups)):
+                raise ValueError(f"GuardedOptimizers skips steps through fused Adam/AdamW only, got "
+                                 f"{type(optimizer).__name__} (implementation={config.implementation!r})")
+        self.skip: torch.Tensor | None = None  # set by LaneformerTrainer before each step
 
     def step(self, closure=None):
-        params = [p for m in self.model_parts for p in m.parameters()]
-        grad_norm = dist_utils.clip_grad_norm_(params, self.grad_clip, foreach=True)
-        if self.should_skip(float(grad_norm)):
-            self.zero_grad(set_to_none=True)
-            return None
-        return super().step(closure)
+        if self.skip is None:
+            raise RuntimeError("GuardedOptimizers.step without a skip decision for this step")
+        for optimizer in self.optimizers:
+            optimizer.found_inf = self.skip
+        try:
+            return super().step(closure)
+        finally:
+            for optimizer in self.optimizers:
+                del optimizer.found_inf
+            self.skip = None
+
+
+@contextmanager
+def grad_norm_to(receiver: Callable[[torch.Tensor], None]):
+    """Hand the pre-clip gradient norm that torchtitan's ``train_step`` computes (and then
+    drops) to ``receiver`` before the optimizer step, instead of computing it a second time.
+    Scoped to one step, so other Trainers in the process are untouched."""
+    clip = dist_utils.clip_grad_norm_
+
+    def clip_and_hand_over(*args, **kwargs):
+        norm = clip(*args, **kwargs)
+        receiver(norm)
+        return norm
+
+    dist_utils.clip_grad_norm_ = clip_and_hand_over
+    try:
+        yield
+    finally:
+        dist_utils.clip_grad_norm_ = clip
 
 
 class MilestoneCheckpointManager(CheckpointManager):
-    """torchtitan's DCP checkpointing; ``milestones`` steps are never purged."""
+    """torchtitan's DCP checkpointing; ``milestones`` steps are never purged, and a damaged
+    latest checkpoint is moved aside (``step-N.damaged``) instead of failing every restart."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(CheckpointManager.Config):
@@ -69,16 +114,33 @@ class MilestoneCheckpointManager(CheckpointManager):
             self.enable and curr_step in self.milestones
         )
 
+    def _find_load_step(self, folder: str = "") -> int:
+        # Exactly ``step-N`` with DCP's .metadata (rundir's rule): torchtitan's own search
+        # would also pick ``step-N.damaged``.
+        path = Path(folder or self.folder)
+        steps = [n for p in path.iterdir() if (n := step_number(p)) is not None and is_complete(p)] \
+            if path.is_dir() else []
+        return max(steps, default=-1)
+
     def _load(self, step: int = -1) -> bool:
-        try:
-            loaded = super()._load(step)
-        except Exception as e:
+        while True:
             which = step if step >= 0 else self._find_load_step()
+            try:
+                loaded = super()._load(step)
+                failure = None
+            except (Exception, CheckpointException) as e:  # DCP's is a BaseException
+                failure = e
+            if not self._anyone_failed(failure is not None):
+                break
             where = f"{self.folder}/step-{which}" if which >= 0 else self.initial_load_path
-            raise RuntimeError(
-                f"checkpoint {where} could not be loaded ({type(e).__name__}: {e}). "
-                "If it is damaged, move it aside to resume from the previous checkpoint."
-            ) from e
+            if step >= 0 or which < 0:  # an explicit step or the initial load: nothing to fall back to
+                raise RuntimeError(f"checkpoint {where} could not be loaded ({failure})") from failure
+            self._move_aside(which, failure)
+            if self._find_load_step() < 0:
+                raise RuntimeError(
+                    f"checkpoint {where} could not be loaded and no complete checkpoint is left in "
+                    f"{self.folder} (damaged ones are kept as step-N.damaged); not starting from scratch"
+                ) from failure
         # torchtitan restores the schedulers' step but the optimizers keep the lr saved in
         # their state, i.e. the old schedule's; a resumed run whose schedule changed (more
         # steps, another decay) would take its first step at that stale lr.
@@ -86,6 +148,30 @@ class MilestoneCheckpointManager(CheckpointManager):
             for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr()):
                 group["lr"] = lr
         return loaded
+
+    @staticmethod
+    def _anyone_failed(failed: bool) -> bool:
+        """Every rank learns whether any rank's load failed (DCP mostly fails on all at once)."""
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return failed
+        everyone: list[bool | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, failed)
+        return any(everyone)
+
+    def _move_aside(self, which: int, failure: Exception | None) -> None:
+        src = Path(self.folder) / f"step-{which}"
+        dst = src.with_name(f"{src.name}.damaged")
+        n = 1
+        while dst.exists():
+            n += 1
+            dst = src.with_name(f"{src.name}.damaged-{n}")
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            why = f"{type(failure).__name__}: {failure}" if failure else "failed on another rank"
+            logger.error(f"DAMAGED CHECKPOINT {src} could not be loaded ({why}); moved to {dst.name}, "
+                         "resuming from the previous complete checkpoint")
+            src.rename(dst)
+        if dist.is_initialized():
+            dist.barrier()
 
     def _purge_stale_checkpoints(self):
         if not self._should_purge():
@@ -99,24 +185,33 @@ class MilestoneCheckpointManager(CheckpointManager):
             self.purge_queue.put(f"{self.folder}/{name}")
 
 
+class SkippedOut(StopRun):
+    code, reason = EXIT_SKIPPED_OUT, "too many consecutive skipped steps"
+
+
 class LaneformerTrainer(Trainer):
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):
-        # Configurable configs whose objects have after_step; set from the recipe, not the CLI.
+        # Configurable configs whose objects have after_step (and maybe after_train);
+        # set from the recipe, not the CLI.
         hooks: Annotated[list, tyro.conf.Suppress] = field(default_factory=list)
         skip_spikes: bool = True
         spike_sigmas: float = 6.0
         spike_window: int = 100
+        max_consecutive_skips: int = 100
 
     def __init__(self, config: Config):
         super().__init__(config)
-        self.guard = StepGuard(config.spike_sigmas, config.spike_window, config.skip_spikes)
+        self.guard = StepGuard(config.spike_sigmas, config.spike_window, config.skip_spikes, self.device)
         self.hooks: list[Hook] = [LogSourceTokens(), *(h.build() for h in config.hooks)]
         if dist.get_rank() == 0:
-            self.metrics_processor.logger.add_logger(MetricsJsonl(Path(config.dump_folder) / "metrics.jsonl"))
+            if not isinstance(self.metrics_processor.logger, LoggerContainer):  # no tensorboard, no wandb
+                self.metrics_processor.logger = LoggerContainer()
+            self.metrics_processor.logger.add_logger(MetricsJsonl(Path(config.dump_folder) / METRICS_FILE))
         self._step_loss = torch.zeros((), device=self.device)
         assert isinstance(self.optimizers, GuardedOptimizers), "use GuardedOptimizers.Config"
-        self.optimizers.should_skip = self._should_skip
+        self._skipped_logged = 0
+        self._last_log: tuple[int, float] | None = None  # (step, time) at the last logging step
         if utils.device_type == "cpu":
             # MFU against a GPU's peak means nothing on a CPU; torchtitan prints
             # N/A for it only under this flag.
@@ -127,26 +222,57 @@ class LaneformerTrainer(Trainer):
         self._step_loss += loss.detach()
         return loss
 
-    def _should_skip(self, grad_norm: float) -> str | None:
+    def _decide(self, grad_norm: torch.Tensor) -> None:
+        """Called with torchtitan's pre-clip gradient norm, before the optimizer step."""
         loss = self._step_loss.clone()
         self._step_loss.zero_()
         if self.parallel_dims.dp_enabled:
             loss = dist_utils.dist_sum_tensor(loss, self.parallel_dims.get_mesh("batch"))
-        reason = self.guard.check(float(loss), grad_norm)
-        if reason:
-            logger.warning(f"step {self.step}: skipped ({reason}); {self.guard.skipped} skipped so far")
-            self.metrics_processor.logger.log({"skipped_steps": self.guard.skipped}, self.step)
-        return reason
+        self.optimizers.skip = self.guard.check(loss, grad_norm)
 
     def train_step(self, data_iterator):
         try:
-            super().train_step(data_iterator)
+            with grad_norm_to(self._decide):
+                super().train_step(data_iterator)
         except RuntimeError as e:
             # torchtitan stops on a non-finite logged loss; a skipped step is handled.
-            if not (self.guard.last_reason and "not finite" in str(e)):
+            if not ("not finite" in str(e) and self.guard.read().last_step == self.step):
                 raise
+        if self.metrics_processor.should_log(self.step):
+            self._log_progress()
         for hook in self.hooks:
-            hook.after_step(self)
+            if hasattr(hook, "after_step"):
+                hook.after_step(self)
+
+    def _log_progress(self) -> None:
+        """At logging steps: skips since the last log, progress and ETA; stop a runaway skip streak."""
+        g = self.guard.read()
+        t = self.config.training
+        if g.skipped > self._skipped_logged:
+            more = g.skipped - self._skipped_logged
+            logger.warning(f"step {g.last_step}: skipped ({g.last_reason}); {g.skipped} skipped so far"
+                           + (f", {more} since the last log" if more > 1 else ""))
+        self._skipped_logged = g.skipped
+        now = time.perf_counter()
+        line, metrics = progress(self.step, t.steps, t.global_batch_size * t.seq_len, self._last_log, now)
+        self._last_log = (self.step, now)
+        logger.info(line)
+        self.metrics_processor.logger.log({"skipped_steps": g.skipped, **metrics}, self.step)
+        if g.consecutive >= self.config.max_consecutive_skips:
+            last = latest_complete_checkpoint(Path(self.config.dump_folder))
+            raise SkippedOut(
+                f"{g.consecutive} consecutive steps skipped up to step {self.step} (max_consecutive_skips "
+                f"{self.config.max_consecutive_skips}; the latest: {g.last_reason}). The last complete "
+                f"checkpoint is {last or 'none'}; the weights have not changed since the last applied step. "
+                "Look at the data and the learning rate before restarting from it.",
+                step=self.step, checkpoint=str(last) if last else None)
+
+    def train(self):
+        """torchtitan's loop (its final save included), then the hooks' ``after_train``."""
+        super().train()
+        for hook in self.hooks:
+            if hasattr(hook, "after_train"):
+                hook.after_train(self)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "guard": self.guard.state_dict()}
@@ -154,5 +280,52 @@ class LaneformerTrainer(Trainer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         if "guard" in state_dict:
-            self.guard.load_state_dict(state_dict["guard"])
+            self.guard.load_state_dict(state_dict["guard"], self.step)
+            self._skipped_logged = int(state_dict["guard"]["skipped"])
 
+
+def progress(step: int, steps: int, tokens_per_step: int, last: tuple[int, float] | None,
+             now: float) -> tuple[str, dict[str, float]]:
+    """The progress line of a logging step: step/total, tokens/total, ETA from the step time since
+    the previous logging step (none at the first one: it includes start-up and compilation)."""
+    line = (f"progress: step {step:,}/{steps:,} ({step / steps:.1%})  "
+            f"tokens {_human(step * tokens_per_step)}/{_human(steps * tokens_per_step)}")
+    metrics: dict[str, float] = {}
+    if last and step > last[0]:
+        per_step = (now - last[1]) / (step - last[0])
+        eta = per_step * (steps - step)
+        metrics = {"progress/step_time_s": per_step, "progress/eta_s": eta}
+        line += f"  ETA {_duration(eta)} ({per_step:.3g} s/step)"
+    return line, metrics
+
+
+def _human(n: float) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:,.0f}"
+
+
+def _duration(seconds: float) -> str:
+    d = timedelta(seconds=round(seconds))
+    return f"{d.days}d {d.seconds // 3600}h {d.seconds // 60 % 60:02d}m" if d.days else str(d)
+
+
+def run_summary(recipe: Recipe, recipe_arg: str, sets: list[str]) -> str:
+    """What train.py prints at the end (``make train``): where the run is, how it ended, what next."""
+    from train.export_hook import latest_evals
+
+    run = Path(recipe.output_dir)
+    out = Path(recipe.checkpoint.export_dir or run / "hf")
+    loss = last_logged(run, "loss_metrics/global_avg_loss")
+    val = (latest_evals(run) or {}).get("eval/val_loss")
+    again = shlex.join(["python", "train.py", "--recipe", recipe_arg, *(f"--set={s}" for s in sets)])
+    return "\n".join([
+        f"run dir: {run}",
+        f"final loss: {loss[1]:.4f} at step {loss[0]}" if loss else "final loss: not logged",
+        *([f"validation loss: {val:.4f}"] if val is not None else []),
+        "next:",
+        f"  export:   python -m models.laneformer.convert to-hf {shlex.quote(str(run))} {shlex.quote(str(out))}",
+        f"  evaluate: python -m eval.run --checkpoint {shlex.quote(str(run))}",
+        f"  resume (after a stop) or train longer: {again} [--set training.steps=N]",
+    ])

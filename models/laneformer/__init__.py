@@ -1,19 +1,29 @@
-"""Laneformer as a torchtitan model: flavors and the ``model_registry``.
+"""Laneformer as a torchtitan model: flavors, the ``model_registry``, the native config.
 
-``model_registry(flavor)`` returns the ``ModelSpec`` torchtitan's Trainer
-builds from; ``config_registry`` holds runnable ``Trainer.Config`` functions
-(``--module models.laneformer --config laneformer_tiny``).
+``model_registry(flavor, attn_backend=...)`` returns the ``ModelSpec``
+torchtitan's Trainer builds from (runnable ``Trainer.Config`` functions are in
+``train.config_registry``). A model config is stored as ``NATIVE_FIELDS`` in
+a run's ``laneformer_config.json`` (file name and JSON: ``rundir``).
 """
 
+import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
+from torchtitan.protocols.model import BaseModel
 from torchtitan.protocols.model_spec import ModelSpec
 
+import rundir
+
+from .attention import attention_config
 from .model import Laneformer
 from .parallelize import parallelize_laneformer
 from .state_dict_adapter import LaneformerStateDictAdapter
 
-__all__ = ["Laneformer", "laneformer_configs", "model_registry", "parallelize_laneformer"]
+__all__ = [
+    "NATIVE_FIELDS", "Laneformer", "laneformer_configs", "model_registry", "native_fields",
+    "parallelize_laneformer", "read_native_config", "write_native_config",
+]
 
 
 def _2b() -> Laneformer.Config:
@@ -54,15 +64,15 @@ laneformer_configs: dict[str, Callable[[], Laneformer.Config]] = {
 }
 
 
-def model_registry(flavor: str, **overrides) -> ModelSpec:
-    """The ModelSpec of a flavor, with optional ``Laneformer.Config`` field overrides."""
+def model_registry(flavor: str, attn_backend: str = "auto", **overrides) -> ModelSpec:
+    """The ModelSpec of a flavor with its attention kernel (``attention.BACKENDS``;
+    "auto": flex with CUDA, dense-mask SDPA without) and ``Laneformer.Config``
+    field overrides."""
     if flavor not in laneformer_configs:
         raise ValueError(f"unknown Laneformer flavor {flavor!r}; known: {sorted(laneformer_configs)}")
-    config = laneformer_configs[flavor]()
-    if overrides:
-        import dataclasses
-
-        config = dataclasses.replace(config, **overrides)
+    config = dataclasses.replace(
+        laneformer_configs[flavor](), inner_attention=attention_config(attn_backend), **overrides
+    )
     return ModelSpec(
         name="laneformer",
         flavor=flavor,
@@ -72,3 +82,25 @@ def model_registry(flavor: str, **overrides) -> ModelSpec:
         post_optimizer_build_fn=None,
         state_dict_adapter=LaneformerStateDictAdapter,
     )
+
+
+# The fields that define a model (what a recipe's [model] may override and
+# laneformer_config.json holds): not torchtitan's generic ones, not the kernel.
+NATIVE_FIELDS = tuple(
+    f.name for f in dataclasses.fields(Laneformer.Config)
+    if f.name not in {b.name for b in dataclasses.fields(BaseModel.Config)} | {"inner_attention"}
+)
+
+
+def native_fields(config: Laneformer.Config) -> dict:
+    """The JSON-serialisable fields of a native config (what ``laneformer_config.json`` holds)."""
+    return {n: getattr(config, n) for n in NATIVE_FIELDS}
+
+
+def write_native_config(config: Laneformer.Config, folder: Path) -> None:
+    rundir.write_model_config(folder, native_fields(config))
+
+
+def read_native_config(path: Path, overrides: dict | None = None) -> Laneformer.Config:
+    """The config in ``laneformer_config.json`` (the file, or a folder holding it), with field overrides."""
+    return Laneformer.Config(**{**rundir.read_model_config(path), **(overrides or {})})

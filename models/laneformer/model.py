@@ -16,6 +16,8 @@ For layer ``i`` and lane ``l``::
         scaled:  x_l += sqrt(L) * o_l(i)      (no exchange at all)
     other layers:
         x_l += o_l(i) + sum_{m != l} o_m(i - delay)   (if layer i-delay sent)
+      or, with delayed_exchange=False:
+        x_l += sqrt(L) * o_l(i)                       (Kog's use_comm=false)
     final:
         mean_of_norms: h = mean_l RMSNorm(x_l)
         norm_of_sum:   h = RMSNorm(sum_l x_l)
@@ -33,7 +35,9 @@ Defaults, and why (all are ``Config`` fields so an exported model carries them):
   ``delay`` layers, whose outputs would arrive after the network ends; each
   lane keeps its own share and the final lane aggregation merges the lanes.
   ``"flush"`` adds the pending outputs before the final norm, ``"present"``
-  all-reduces those layers at once.
+  all-reduces those layers at once. A layer sends only what some later layer
+  (or the flush) receives, so with fewer layers than ``2 * delay`` an early
+  layer whose output would land past the end sends nothing under ``"drop"``.
 - ``final_agg="mean_of_norms"``: every lane is normalised on its own GPU at
   inference, so only the normalised ``[D]`` vectors need to be averaged.
 
@@ -106,8 +110,30 @@ class LaneLinear(Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # [B, S, L, in] x [L, out, in] -> [B, S, L, out], one batched matmul over lanes.
         B, S, L, _ = x.shape
-        y = torch.bmm(x.reshape(B * S, L, -1).transpose(0, 1), self.weight.transpose(1, 2))
-        return y.transpose(0, 1).reshape(B, S, L, -1)
+        return _LaneMatmul.apply(x.reshape(B * S, L, -1), self.weight).reshape(B, S, L, -1)
+
+
+class _LaneMatmul(torch.autograd.Function):
+    """``y[:, l] = x[:, l] @ w[l]^T`` for ``x: [N, L, in]``, ``w: [L, out, in]``.
+
+    Why not plain ``bmm(x^T, w^T)``: autograd's bmm formula yields the weight
+    gradient as ``[L, in, out]``, whose transpose the gradient accumulation then
+    copies into the weight's layout, a full pass over every lane weight per
+    step (``train.py --plan --ops``). Here ``dw = g^T x`` comes out in ``[L, out, in]``.
+    """
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return torch.bmm(x.transpose(0, 1), w.transpose(1, 2)).transpose(0, 1)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        g = g.transpose(0, 1)  # [L, N, out]
+        dx = torch.bmm(g, w).transpose(0, 1) if ctx.needs_input_grad[0] else None
+        dw = torch.bmm(g.transpose(1, 2), x.transpose(0, 1)) if ctx.needs_input_grad[1] else None
+        return dx, dw
 
 
 class LaneAttention(Module):
@@ -246,6 +272,7 @@ class Laneformer(BaseModel):
         early_mode: EarlyMode = "present"
         early_send_forward: bool = False
         late_mode: LateMode = "drop"
+        delayed_exchange: bool = True
         final_agg: FinalAgg = "mean_of_norms"
         window_size: int = 2048
         window_layers: list[int] = field(default_factory=list)
@@ -277,17 +304,24 @@ class Laneformer(BaseModel):
             return self.window_size if layer in self.window_layers else None
 
         def exchange_of(self, layer: int) -> tuple[Reduce, bool]:
-            """(how layer ``layer`` adds its own outputs, whether it sends them forward)."""
+            """(how layer ``layer`` adds its own outputs, whether it sends them forward).
+
+            A layer sends only what is received: by layer ``layer + delay`` when
+            that exists and exchanges, or by the final flush (``late_mode="flush"``).
+            """
             n, d = self.n_layers, self.delay
-            if d == 0:
-                return "present", False
             if layer < d:
-                return self.early_mode, self.early_send_forward
-            if layer >= n - d:
-                if self.late_mode == "present":
-                    return "present", False
-                return "own", self.late_mode == "flush"
-            return "own", True
+                reduce, sends = self.early_mode, self.early_send_forward
+            elif not self.delayed_exchange:
+                return "scaled", False
+            elif d == 0:
+                return "present", False
+            elif layer >= n - d and self.late_mode == "present":
+                return "present", False
+            else:
+                reduce, sends = "own", True
+            received = self.delayed_exchange and (layer + d < n or self.late_mode == "flush")
+            return reduce, sends and received
 
         def layer_config(self, layer: int) -> LaneBlock.Config:
             reduce, sends = self.exchange_of(layer)
@@ -374,7 +408,8 @@ class Laneformer(BaseModel):
             x, attn_send, mlp_send = layer(x, arrival[0], arrival[1], masks[layer.window], positions)
             if attn_send is not None:
                 in_flight[i] = (attn_send, mlp_send)
-        for attn_send, mlp_send in in_flight.values():  # late_mode="flush"
+        # Still in flight: sends past the last layer, which exchange_of allows only under late_mode="flush".
+        for attn_send, mlp_send in in_flight.values():
             x = x + attn_send + mlp_send
         if cfg.final_agg == "mean_of_norms":
             h = self.norm(x).mean(dim=2)

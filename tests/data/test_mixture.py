@@ -11,11 +11,12 @@ import pytest
 
 from data.mixture import Mixture, MixtureError, MixtureLoader, SourceSpec
 from data.shards import ShardError, open_source, write_manifest, write_shard
-from data.tokenizer import REPO_ROOT, load_tokenizer
+from data.tokenizer import load_tokenizer
+from rundir import REPO
 
 FP = "f" * 64
 TOK = {"path": "test", "fingerprint": FP, "vocab_size": 4096, "bos_id": 1, "eos_id": 2}
-SAMPLE_DATA = REPO_ROOT / "assets" / "sample_data"
+SAMPLE_DATA = REPO / "assets" / "sample_data"
 
 
 def make_source(directory: Path, n_docs=(40, 25), mean_len=30, seed=0, vocab=4096) -> list[list[int]]:

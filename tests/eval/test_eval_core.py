@@ -7,7 +7,6 @@ run as a torchrun worker: ``python tests/eval/test_eval_core.py --worker OUT_DIR
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import math
@@ -25,7 +24,7 @@ from eval.core_data import CORE_LABELS, CoreTask, load_items, read_manifest  # n
 from eval.core_prompts import build, crop_left, fewshot_examples, render  # noqa: E402
 from tests.helpers import (  # noqa: E402
     BUNDLE, LM_ITEMS, MC_ITEMS, PROBS, REPO, SCHEMA_ITEMS, TOY, WORDS, Bigram, WordTokenizer, needs_bundle,
-    tiny_random_model,
+    tiny_random_model, write_toy_core_bundle,
 )
 
 def toy_task(task_type: str, shots: int = 0, delimiter: str = " ") -> CoreTask:
@@ -99,23 +98,9 @@ def test_centered_accuracy():
 
 
 def write_toy_bundle(root: Path, skip: tuple[str, ...] = ()) -> Path:
-    """A bundle with the real tasks.csv rows (delimiter " ") and the toy items for every file."""
-    with open(BUNDLE / "tasks.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    with open(root / "tasks.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({**row, "continuation_delimiter": " "})
-            path = root / "eval_data" / row["file"]
-            if row["label"] in skip:
-                continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("".join(json.dumps(it) + "\n" for it in TOY[row["type"]]))
-    return root
+    return write_toy_core_bundle(root, skip)
 
 
-@needs_bundle
 def test_full_core_on_toy_bundle(toy, tmp_path):
     tok, model = toy
     result = evaluate_core(model, tok, write_toy_bundle(tmp_path), max_seq_len=None)
@@ -133,7 +118,6 @@ def test_full_core_on_toy_bundle(toy, tmp_path):
     assert "core/partial_CORE_v1" not in result.metrics()
 
 
-@needs_bundle
 def test_missing_task_makes_partial_core(toy, tmp_path):
     tok, model = toy
     result = evaluate_core(model, tok, write_toy_bundle(tmp_path, skip=("squad",)), max_seq_len=None,

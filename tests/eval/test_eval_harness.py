@@ -121,7 +121,7 @@ def test_lm_eval_offline_local_tasks(toy_lm, tmp_path):
 def exported(tmp_path_factory):
     """A tiny random Laneformer, as a DCP step dir and as an exported HF folder."""
     from models.laneformer.hf.checkpoint_io import save_dcp
-    from models.laneformer.hf.config_map import write_native_config
+    from models.laneformer import write_native_config
     from models.laneformer.hf.export import export_hf
 
     root = tmp_path_factory.mktemp("ckpt")

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from launch import attempts
+from rundir import EXIT_EXPORT_FAILED, EXIT_SKIPPED_OUT
 from train import preemption
 from train.preemption import PREEMPTED, Preempted, PreemptionHook, note_exit
 
@@ -23,18 +24,40 @@ from train.preemption import PREEMPTED, Preempted, PreemptionHook, note_exit
     (1, {"reason": "preempted", "step": 7}, 4, 7, 9, ("restart", "preempted")),  # not counted as a crash
     (1, {"reason": "error", "message": "boom", "rank": 1}, 4, 8, 0, ("restart", "crash")),
     (1, {}, 4, 8, 2, ("restart", "crash")),
-    (1, {}, 4, 8, 3, ("fail", "crash")),  # the crash budget is spent
+    (1, {}, 4, 8, 3, ("fail", "crash")),  # 3 crash restarts in the last 24 h: the rate is spent
     (1, {"reason": "error", "message": "boom", "rank": 0}, 8, 8, 0, ("fail", "crash")),  # no progress
+    # train.py's "training complete, export failed" and "too many skipped steps": never requeued,
+    # even with progress and budget left (torchrun hides the code: the note carries it)
+    (1, {"code": EXIT_EXPORT_FAILED, "reason": "export failed", "message": "disk full"}, 8, 12, 0,
+     ("fail", "export failed")),
+    (EXIT_EXPORT_FAILED, {}, 8, 12, 0, ("fail", "export failed")),
+    (1, {"code": EXIT_SKIPPED_OUT, "reason": "skipped out", "message": "100 skipped"}, 4, 8, 0,
+     ("fail", "skipped out")),
 ])
 def test_the_restart_rule(rc, note, before, after, crashes, expected):
-    action, cause, why = attempts.decide(rc, note, before, after, crashes, max_restarts=3)
+    action, cause, why = attempts.decide(rc, note, before, after, crashes, crashes_per_day=3)
     assert (action, cause) == expected, why
 
 
-def test_recipe_errors_and_no_progress_say_why():
+def test_without_a_rate_crashes_after_progress_always_restart():
+    assert attempts.decide(1, {}, 4, 8, 1000, crashes_per_day=0)[0] == "restart"
+    assert attempts.decide(1, {}, 8, 8, 0, crashes_per_day=0)[0] == "fail"  # but never without progress
+
+
+def test_stop_reasons_say_why():
     assert attempts.decide(1, {"reason": "recipe error", "message": "x.toml: [data] nope\nmore"},
                            0, 0, 0, 3)[2] == "recipe error: x.toml: [data] nope"
     assert "no new checkpoint since step 8" in attempts.decide(1, {}, 8, 8, 0, 3)[2]
+    # the details train.py's StopRun notes: ExportFailed(message, command), SkippedOut(step, checkpoint)
+    why = attempts.decide(1, {"code": EXIT_EXPORT_FAILED, "message": "OSError: disk full",
+                              "command": "python -m models.laneformer.convert to-hf runs/x runs/x/hf"}, 8, 12, 0, 3)[2]
+    assert why == ("training complete, export failed: OSError: disk full; retry with: "
+                   "python -m models.laneformer.convert to-hf runs/x runs/x/hf; not restarting")
+    why = attempts.decide(1, {"code": EXIT_SKIPPED_OUT, "step": 9, "checkpoint": "runs/x/checkpoints/step-8"},
+                          4, 8, 0, 3)[2]
+    assert why == ("too many consecutive skipped steps up to step 9; last complete checkpoint: "
+                   "runs/x/checkpoints/step-8; not restarting")
+    assert "[launch] crashes_per_day" in attempts.decide(1, {}, 4, 8, 3, 3)[2]
 
 
 def checkpoint(run, step, complete=True):
@@ -44,23 +67,66 @@ def checkpoint(run, step, complete=True):
         (d / ".metadata").write_text("")
 
 
-def test_begin_and_end_record_steps_and_count_crashes_per_job(tmp_path):
+def test_begin_and_end_record_steps_and_count_crashes_in_the_last_day_across_jobs(tmp_path):
     checkpoint(tmp_path, 4)
     checkpoint(tmp_path, 8, complete=False)  # a save cut short does not count
-    assert attempts.latest_step(tmp_path) == 4
-    for n in range(2):
-        attempts.begin(tmp_path, "7")
+    assert attempts.checkpoint_step(tmp_path) == 4
+    for n, job in enumerate(["7", "7", "8"]):
+        attempts.begin(tmp_path, job)
         checkpoint(tmp_path, 12 + 4 * n)
-        event = attempts.end(tmp_path, "7", rc=1, max_restarts=1)
-        assert event["action"] == ["restart", "fail"][n], event
-    attempts.begin(tmp_path, "8")  # another job: its own crash budget, but no new checkpoint
-    assert "no new checkpoint" in attempts.end(tmp_path, "8", rc=1, max_restarts=1)["why"]
+        event = attempts.end(tmp_path, job, rc=1, crashes_per_day=2)
+        assert event["action"] == ["restart", "restart", "fail"][n], event
+    attempts.begin(tmp_path, "9")  # no new checkpoint
+    assert "no new checkpoint" in attempts.end(tmp_path, "9", rc=1, crashes_per_day=0)["why"]
     starts = [e for e in attempts.history(tmp_path) if e["event"] == "start"]
-    assert [e["step"] for e in starts] == [4, 12, 16]
+    assert [e["step"] for e in starts] == [4, 12, 16, 20]
+    # crashes older than a day no longer count against the rate
+    lines = (tmp_path / "launcher" / "attempts.jsonl").read_text().splitlines()
+    old = [json.dumps({**json.loads(x), "time": "2020-01-01T00:00:00+00:00"}) for x in lines]
+    (tmp_path / "launcher" / "attempts.jsonl").write_text("\n".join(old) + "\n")
+    attempts.begin(tmp_path, "10")
+    checkpoint(tmp_path, 40)
+    assert attempts.end(tmp_path, "10", rc=1, crashes_per_day=2)["action"] == "restart"
+
+
+# What torchrun prints when a worker dies (torch.distributed.elastic.multiprocessing.api).
+TORCHRUN_FAILURE = ("E1201 03:53:42.339000 11873 torch/distributed/elastic/multiprocessing/api.py:1002] "
+                    "failed (exitcode: {code}) local_rank: 1 (pid: 11910) of binary: /venv/bin/python\n")
+
+
+def test_a_crash_is_pinned_to_the_node_whose_rank_died_of_a_fault_signal(tmp_path):
+    logs = tmp_path / "launcher" / "logs"
+    logs.mkdir(parents=True)
+    checkpoint(tmp_path, 4)
+    # an earlier start's SIGKILL on lfnode1 is history: only what this start logged counts
+    (logs / "node0-lfnode1.log").write_text(TORCHRUN_FAILURE.format(code=-9))
+    attempts.begin(tmp_path, "local-5")
+    checkpoint(tmp_path, 8)
+    with open(logs / "node0-lfnode1.log", "a") as f:
+        f.write(TORCHRUN_FAILURE.format(code=-15))  # SIGTERM: told to stop when the other node failed
+    (logs / "node1-lfnode2.log").write_text("step 5\n" + TORCHRUN_FAILURE.format(code=-9))
+    event = attempts.end(tmp_path, "local-5", rc=1, crashes_per_day=0)
+    assert event["action"] == "restart" and event["pinned"] == ["lfnode2"], event
+    assert event["exclude"] == "lfnode2" and "excluding lfnode2" in event["why"]
+    assert attempts.fault_nodes(tmp_path, {}) == {"lfnode1", "lfnode2"}  # from the beginning of the logs
+    assert attempts.fault_nodes(tmp_path, {"node0-lfnode1.log": 10**6, "node1-lfnode2.log": 10**6}) == set()
+    # emulated nodes share one host (srun's %N): task t ran on the t-th node of the job
+    (logs / "node0-lfnode1.log").rename(logs / "node0-vm.log")
+    (logs / "node1-lfnode2.log").rename(logs / "node1-vm.log")
+    assert attempts.fault_nodes(tmp_path, {"node0-vm.log": 10**6}, ["gpu7", "gpu9"]) == {"gpu9"}
+
+
+def test_a_python_error_pins_no_node(tmp_path):
+    checkpoint(tmp_path, 4)
+    attempts.begin(tmp_path, "local-5")
+    checkpoint(tmp_path, 8)
+    (tmp_path / "launcher" / "logs").mkdir(parents=True)
+    (tmp_path / "launcher" / "logs" / "node0-lfnode1.log").write_text(TORCHRUN_FAILURE.format(code=1))
+    event = attempts.end(tmp_path, "local-5", rc=1, crashes_per_day=0)
+    assert event["action"] == "restart" and "exclude" not in event
 
 
 def test_begin_clears_the_previous_exit_note(tmp_path, monkeypatch):
-    assert attempts.EXIT_FILE_ENV == preemption.EXIT_FILE_ENV  # one protocol, written down twice
     monkeypatch.setenv(preemption.EXIT_FILE_ENV, str(attempts.exit_file(tmp_path)))
     attempts.begin(tmp_path, "1")
     note_exit(PREEMPTED, "preempted", step=3)

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from launch.attempts import history, latest_step
-from tests.helpers import REPO, SHORT, STEPS, env, kill_tree, local_command, logged_steps, losses, reference_losses, wait_for
+from launch.attempts import checkpoint_step, history
+from tests.helpers import (REPO, SHORT, STEPS, env, kill_tree, local_command, logged_steps, losses,
+                           reference_losses, wait_for)
 
 def rank_pid(root: int, rank: int) -> int | None:
     """The pid of training rank ``rank`` among the descendants of ``root``."""
@@ -66,7 +67,7 @@ def test_preemption_and_a_crash_restart_from_checkpoints_with_the_same_losses(re
         wait_for(lambda: logged_steps(run) >= first + 2, "steps after the restart")
         os.kill(wait_for(lambda: rank_pid(proc.pid, 1), "rank 1"), signal.SIGUSR1)  # rank 0 gets nothing
         second = wait_for(lambda: preempted()[1:], "the second preemption")[0]["step"]
-        wait_for(lambda: latest_step(run) > second, "a checkpoint after the second restart")
+        wait_for(lambda: checkpoint_step(run) > second, "a checkpoint after the second restart")
         os.kill(wait_for(lambda: rank_pid(proc.pid, 0), "rank 0"), signal.SIGKILL)
         out, _ = proc.communicate(timeout=180)
     finally:

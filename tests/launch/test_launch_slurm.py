@@ -1,7 +1,9 @@
 """launch.slurm against a real SLURM on this machine (launch/ci/slurm.sh: two
 emulated nodes): runs to the end on 1 node x 2 ranks and 2 nodes x 1 rank,
 preemption -> checkpoint -> requeue -> resume with the losses of an
-uninterrupted run, a recipe error that fails once, status, logs and cancel.
+uninterrupted run, a rank killed on node 2 -> requeue with node 2 excluded ->
+resume on node 1 with the same losses, a recipe error that fails once,
+status, logs and cancel.
 Where SLURM cannot start here the tests are skipped with the reason."""
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from launch.attempts import history
-from launch.slurm import job_ids, job_info
+from launch import attempts
+from launch.attempts import checkpoint_step, history, job_info
+from launch.slurm import job_ids
 from launch.slurm import main as slurm_main
 from tests.helpers import SHORT, STEPS, logged_steps, reference_losses, wait_for
 from tests.helpers import REPO, losses
@@ -132,6 +135,56 @@ def test_preemption_signal_checkpoints_requeues_and_resumes_with_the_same_losses
     assert losses(run) == reference
 
 
+def process_of(job: str, node: str, rank: int) -> int | None:
+    """The pid of training rank ``rank`` of SLURM job ``job`` running on emulated node ``node``."""
+    want = {f"SLURM_JOB_ID={job}".encode(), f"SLURMD_NODENAME={node}".encode(), f"RANK={rank}".encode()}
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if want <= set(environ.read_bytes().split(b"\0")):
+                return int(environ.parent.name)
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.slow
+def test_a_rank_killed_on_a_node_requeues_without_that_node_and_resumes_with_the_same_losses(
+        slurm, reference, tmp_path):
+    blocker = subprocess.run(["sbatch", "--parsable", "--nodelist=lfnode1", "--exclusive", "--output=/dev/null",
+                              "--wrap=sleep 600"], capture_output=True, text=True, check=True).stdout.strip()
+    SUBMITTED.append(blocker)
+    wait_for(lambda: state(blocker) == "RUNNING", "the job holding lfnode1")
+    run = tmp_path / "run"
+    job = submit(run)  # lfnode1 is taken: it runs on lfnode2
+    wait_for(lambda: checkpoint_step(run) >= 4 and logged_steps(run) >= 6, "a checkpoint and step 6", timeout=150)
+    assert history(run)[0]["nodes"] == "lfnode2"
+    os.kill(process_of(job, "lfnode2", 1), 9)  # as the OOM killer or a bad node would
+    wait_for(lambda: state(job) == "PENDING", "the requeue")
+    assert job_info(job)["ExcNodeList"] == "lfnode2"
+    subprocess.run(["scancel", blocker], check=True)
+    time.sleep(1.5)  # see the preemption test
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+    assert wait_done(job, run) == "COMPLETED"
+    ends = [e for e in history(run) if e["event"] == "end"]
+    assert [(e["action"], e["cause"], e.get("pinned")) for e in ends] == [
+        ("restart", "crash", ["lfnode2"]), ("done", "finished", None)], ends
+    assert [e["nodes"] for e in history(run) if e["event"] == "start"] == ["lfnode2", "lfnode1"]
+    assert losses(run) == reference
+    status = slurm_cli("status", str(run)).stdout
+    assert "excluding lfnode2 from the requeue" in status and "excluded lfnode2" in status, status
+
+
+def test_a_node_the_controller_reports_down_is_pinned(slurm):
+    assert attempts.hostnames("lfnode[1-2]") == ["lfnode1", "lfnode2"]
+    assert attempts.down_nodes("lfnode[1-2]") == set()
+    subprocess.run(["scontrol", "update", "NodeName=lfnode2", "State=DOWN", "Reason=laneformer-test"], check=True)
+    try:
+        assert attempts.down_nodes("lfnode[1-2]") == {"lfnode2"}
+    finally:
+        subprocess.run(["scontrol", "update", "NodeName=lfnode2", "State=RESUME"], check=True)
+    wait_for(lambda: attempts.down_nodes("lfnode[1-2]") == set(), "lfnode2 back", timeout=30)
+
+
 @pytest.mark.slow
 def test_a_recipe_error_fails_the_job_once_and_status_says_why(slurm, tmp_path):
     recipe = tmp_path / "bad.toml"
@@ -172,7 +225,8 @@ def test_the_24_node_script_holds_rendezvous_signal_and_requeue(tmp_path):
                  "#SBATCH --exclude=gpu[017,042]", "#SBATCH --signal=B:USR1@300", "#SBATCH --requeue",
                  "#SBATCH --open-mode=append", "export NCCL_SOCKET_IFNAME=ib0", "export NCCL_IB_HCA=mlx5",
                  "export NCCL_DEBUG=WARN", 'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-                 'restart) scontrol requeue "$SLURM_JOB_ID"; exit 0 ;;'):
+                 'read -r action exclude <<<"$decision"', 'scontrol requeue "$SLURM_JOB_ID"',
+                 '[ -z "$exclude" ] || scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$exclude"'):
         assert line in [x.strip() for x in script.splitlines()], line
     for part in ("--nnodes=24 --nproc-per-node=8", "--rdzv-backend=c10d", '--rdzv-endpoint="$head:$port"',
                  "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "--kill-on-bad-exit=1",

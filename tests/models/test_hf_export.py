@@ -5,11 +5,14 @@ are what ties the two together: same logits (max abs diff <= 1e-5, fp32) for
 the tiny flavor, for the 2B's lane/head layout and for non-default exchange
 settings; cached generation equal to a no-cache argmax loop past the window;
 exact weight round trips; a released-layout folder written independently of
-the exporter; and clear refusals of truncated or mismatched weights.
+the exporter; clear refusals of truncated or mismatched weights; and exports
+of a run that carry its tokenizer (issue 13), checked with transformers and
+``eval.run``. Kog's own code is the reference in ``test_kog_import.py``.
 """
 
 import dataclasses
 import json
+import re
 import shutil
 
 import pytest
@@ -17,21 +20,18 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
-from models.laneformer import laneformer_configs
+from data.tokenizer import TINY_TOKENIZER
+from models.laneformer import laneformer_configs, native_fields, read_native_config, write_native_config
+from models.laneformer.attention import DenseMaskFlexAttention
 from models.laneformer.convert import main as convert_main
-from models.laneformer.hf import REMOTE_CODE_DIR, REMOTE_CODE_FILES
 from models.laneformer.hf.checkpoint_io import load_dcp, save_dcp
-from models.laneformer.hf.config_map import native_fields, read_native_config
 from models.laneformer.hf.export import export_hf, to_hf
 from models.laneformer.hf.import_hf import import_hf
 from models.laneformer.model import Laneformer
+from tests.helpers import BUNDLE, needs_bundle
 
-try:  # SDPA with the BlockMask's own mask_mod: no flex compile on CPU
-    from train.cpu import DenseMaskFlexAttention
-
-    CPU_ATTENTION = {"inner_attention": DenseMaskFlexAttention.Config()}
-except ImportError:
-    CPU_ATTENTION = {}
+# SDPA with the BlockMask's own mask_mod: no flex compile on CPU
+CPU_ATTENTION = {"inner_attention": DenseMaskFlexAttention.Config()}
 
 TOL = 1e-5
 
@@ -81,6 +81,8 @@ NON_DEFAULT = {
                                           early_send_forward=True),
     "delay1+late_present": dict(delay=1, late_mode="present"),
     "delay0_dense": dict(delay=0),
+    "no_delayed_exchange": dict(delayed_exchange=False),
+    "3_layers_delay2_send": dict(n_layers=3, early_send_forward=True),  # layer 1's send lands past the end
 }
 
 
@@ -97,7 +99,7 @@ def test_export_logits_match_training_model(config, tmp_path):
     assert config.window_layers and x.shape[1] > config.window_size
     assert (logits(model, x) - logits(hf, x)).abs().max().item() <= TOL
     hf_fields = json.loads((tmp_path / "hf" / "config.json").read_text())
-    for key in ("early_mode", "early_send_forward", "late_mode", "final_agg", "head_dim", "swa_layers"):
+    for key in ("early_mode", "early_send_forward", "late_mode", "final_agg", "head_dim", "swa_layers", "use_comm"):
         assert key in hf_fields
     assert hf.config.broadcast_delay == config.delay and hf.config.late_mode == config.late_mode
 
@@ -150,7 +152,8 @@ def test_roundtrip_to_hf_from_hf_is_exact(tmp_path):
     state = model.state_dict()
     to_hf(model, tmp_path / "hf")  # the end-of-run hook's entry point
     report = import_hf(tmp_path / "hf", tmp_path / "dcp")
-    assert report.missing == []
+    assert report.mapping.revision == "laneformer (a project export)"
+    assert not [f for f, source in report.mapping.sources.items() if "absent" in source]
     back_config = read_native_config(tmp_path / "dcp" / "laneformer_config.json")
     assert native_fields(back_config) == native_fields(config)
     back = load_dcp(tmp_path / "dcp", back_config)
@@ -167,8 +170,8 @@ def test_cli_to_hf_picks_latest_complete_step(tmp_path, capsys):
     (run / "checkpoints" / "step-30").mkdir()  # being written: no .metadata yet
     tok = tmp_path / "tok"
     tok.mkdir()
-    for name in ("tokenizer.model", "tokenizer_config.json"):
-        (tok / name).write_text("x")
+    (tok / "tokenizer.model").write_text("x")
+    (tok / "tokenizer_config.json").write_text("{}")  # the export adds the chat template to it
     (tmp_path / "evals.json").write_text(json.dumps({"hellaswag": 0.3125, "core": 0.21}))
 
     convert_main([
@@ -199,8 +202,6 @@ def write_released_folder(folder, model, config, **extra_keys):
     released = {
         "model_type": "laneformer_tp",
         "architectures": ["LaneformerTPForCausalLM"],
-        "auto_map": {"AutoConfig": "configuration_laneformer.LaneformerConfig",
-                     "AutoModelForCausalLM": "modeling_laneformer.LaneformerForCausalLM"},
         "hidden_size": config.dim, "num_hidden_layers": config.n_layers,
         "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads,
         "intermediate_size": config.ffn_hidden_dim, "vocab_size": config.vocab_size,
@@ -214,39 +215,26 @@ def write_released_folder(folder, model, config, **extra_keys):
         **extra_keys,
     }
     (folder / "config.json").write_text(json.dumps(released))
-    for name in REMOTE_CODE_FILES:
-        shutil.copy(REMOTE_CODE_DIR / name, folder / name)
-
-
-def test_released_layout_imports_with_same_logits(tmp_path):
-    # head_dim = hidden // heads, as the released config implies; windows on the first 2 layers.
-    config = tiny(dim=128, n_heads=8, head_dim=16, final_agg="norm_of_sum", window_layers=[0, 1])
-    model = random_model(config, seed=3)
-    write_released_folder(tmp_path / "released", model, config)
-    reference = logits(load_hf(tmp_path / "released"), tokens(config, 48))
-
-    report = import_hf(tmp_path / "released", tmp_path / "dcp")
-    assert {m.split("=")[0] for m in report.missing} == {"head_dim", "early_send_forward", "late_mode"}
-    assert report.ignored == ["multiple_of"]
-    imported = read_native_config(tmp_path / "dcp" / "laneformer_config.json")
-    assert imported.window_layers == [0, 1] and imported.final_agg == "norm_of_sum"
-    trained = Laneformer(dataclasses.replace(imported, **CPU_ATTENTION)).eval()
-    trained.load_state_dict(load_dcp(tmp_path / "dcp", imported))
-    assert (logits(trained, tokens(config, 48)) - reference).abs().max().item() <= TOL
+    for name in ("tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(TINY_TOKENIZER.parent / name, folder / name)
 
 
 def test_cli_from_hf_then_to_hf_with_overrides(tmp_path, capsys):
     config = tiny(dim=128, n_heads=8, head_dim=16)
     model = random_model(config, seed=4)
     write_released_folder(tmp_path / "released", model, config)
-    convert_main(["from-hf", str(tmp_path / "released"), str(tmp_path / "dcp"), "--set", "early_send_forward=true"])
+    convert_main(["from-hf", str(tmp_path / "released"), str(tmp_path / "dcp"), "--set", "early_send_forward=false"])
     report = capsys.readouterr().out
-    assert "head_dim=16" in report and "late_mode='drop'" in report and "early_send_forward" not in report
-    assert read_native_config(tmp_path / "dcp" / "laneformer_config.json").early_send_forward is True
+    assert "head_dim = 16  <- hidden_size // num_attention_heads" in report and "late_mode = 'drop'" in report
+    assert "early_send_forward = False  <- --set" in report
+    assert read_native_config(tmp_path / "dcp" / "laneformer_config.json").early_send_forward is False
+
+    # The import carried the folder's tokenizer, so the export needs no --tokenizer.
 
     convert_main(["to-hf", str(tmp_path / "dcp"), str(tmp_path / "hf")])  # config from laneformer_config.json
     hf = load_hf(tmp_path / "hf")
-    assert hf.config.early_send_forward is True and hf.config.swa_layers == config.window_layers
+    assert hf.config.early_send_forward is False and hf.config.swa_layers == config.window_layers
+    assert (tmp_path / "hf" / "tokenizer.json").read_text() == (TINY_TOKENIZER.parent / "tokenizer.json").read_text()
     assert torch.equal(hf.lm_head.weight, model.lm_head.weight)
 
 
@@ -280,3 +268,71 @@ def test_config_not_matching_weights_is_refused(tmp_path, key, value, message):
         import_hf(tmp_path / "released", tmp_path / "out")
     assert "config.json" in str(err.value)
     assert not (tmp_path / "out").exists()
+
+
+def write_run(run, config, seed=0, tokenizer=TINY_TOKENIZER, sources=("assets/sample_data/prose",)):
+    """A run dir as training leaves it: resolved recipe, model config, one complete checkpoint."""
+    model = random_model(config, seed)
+    save_dcp(model.state_dict(), run / "checkpoints" / "step-5")
+    write_native_config(config, run)
+    lines = ["[data]", f'tokenizer = "{tokenizer}"']
+    for i, path in enumerate(sources):
+        lines += ["[[data.sources]]", f'name = "s{i}"', f'path = "{path}"', "weight = 1.0"]
+    (run / "recipe.toml").write_text("\n".join(lines) + "\n")
+    return model
+
+
+@needs_bundle
+def test_export_of_a_run_is_self_contained(tmp_path, capsys):
+    """No --tokenizer: the run's recipe names it; transformers and eval.run need nothing else."""
+    from transformers import AutoTokenizer
+
+    from data.tokenizer import Tokenizer
+    from eval.run import main as eval_main
+
+    config = tiny()
+    model = write_run(tmp_path / "run", config)
+    convert_main(["to-hf", str(tmp_path / "run"), str(tmp_path / "hf")])
+    printed = capsys.readouterr().out
+    assert "fingerprint matches 1 data manifest(s)" in printed and "laneformer_tp code reads this export: no" in printed
+
+    hf_tok, sp = AutoTokenizer.from_pretrained(tmp_path / "hf"), Tokenizer(TINY_TOKENIZER)
+    text = "def f(x):\n    return x ** 2  # café"
+    ids = hf_tok(text)["input_ids"]
+    assert ids == sp.encode(text, bos=True)
+    assert hf_tok.decode(ids, skip_special_tokens=True) == sp.decode(ids) == text
+    x = torch.tensor([sp.encode(text, bos=True)])
+    assert (logits(model, x) - logits(load_hf(tmp_path / "hf"), x)).abs().max().item() <= TOL
+
+    out = eval_main(["--checkpoint", str(tmp_path / "hf"), "--core", str(BUNDLE), "--core-tasks", "copa",
+                     "--max-per-task", "2"])
+    assert "core/copa/acc" in out["metrics"]
+
+
+def test_export_refuses_a_tokenizer_it_cannot_find_or_trust(tmp_path, capsys):
+    config = tiny()
+    write_run(tmp_path / "gone", config, tokenizer="/nonexistent/tokenizer.model")
+    write_run(tmp_path / "other", config, sources=(str(tmp_path / "data"),))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "manifest.json").write_text(json.dumps({"tokenizer": {"fingerprint": "0" * 64}}))
+    bare = tmp_path / "bare" / "checkpoints" / "step-1"
+    save_dcp(random_model(config).state_dict(), bare)
+    write_native_config(config, bare)
+    for run, message in ((tmp_path / "gone", r"recipe\.toml: \[data\] tokenizer: .*/nonexistent/tokenizer\.model"),
+                         (tmp_path / "other", r"recipe\.toml: \[data\] tokenizer: .* has fingerprint dc771a921ad4d438…, "
+                                              r"but \S*manifest\.json says the run's data was tokenized with 0000"),
+                         (bare, r"no tokenizer files and no \S*recipe\.toml naming one; pass --tokenizer")):
+        with pytest.raises(SystemExit) as exit_:
+            convert_main(["to-hf", str(run), str(tmp_path / "hf")])
+        assert exit_.value.code == 2
+        assert re.search(message, capsys.readouterr().err)
+        assert not (tmp_path / "hf").exists()
+
+
+def test_resolve_config_raises_instead_of_exiting(tmp_path):
+    from models.laneformer.convert import resolve_config
+
+    with pytest.raises(ValueError, match="unknown flavor 'huge'"):
+        resolve_config(tmp_path, "huge", {})
+    with pytest.raises(FileNotFoundError, match="laneformer_config.json"):
+        resolve_config(tmp_path, None, {})

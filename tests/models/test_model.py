@@ -7,15 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.laneformer import laneformer_configs
+from models.laneformer import laneformer_configs, model_registry
 from models.laneformer.flops import nparams_and_flops_per_token
-from train.cpu import DenseMaskFlexAttention
 
 
 def build(flavor="tiny", seed=0, **overrides):
-    config = dataclasses.replace(
-        laneformer_configs[flavor](), inner_attention=DenseMaskFlexAttention.Config(), **overrides
-    )
+    config = model_registry(flavor, attn_backend="dense", **overrides).model
     torch.manual_seed(seed)
     model = config.build()
     model.init_states()

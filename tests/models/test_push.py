@@ -4,14 +4,13 @@ import hashlib
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import huggingface_hub
 import pytest
 
 from models.laneformer import push
+from rundir import REPO as ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 FILES = {
     "config.json": b"{}",
     "README.md": b"# card",

@@ -8,7 +8,6 @@ single-process DCP is used, so no process group is needed.
 """
 
 import contextlib
-import re
 import warnings
 from pathlib import Path
 
@@ -17,9 +16,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from ..model import Laneformer
+from rundir import is_complete, latest_complete_checkpoint
 
-_STEP = re.compile(r"step-(\d+)")
+from ..model import Laneformer
 
 
 def expected_shapes(config: Laneformer.Config) -> dict[str, torch.Size]:
@@ -51,21 +50,12 @@ def check_shapes(expected: dict[str, torch.Size], found: dict[str, torch.Size], 
 
 def step_dir(path: Path) -> Path:
     """``path`` if it is a complete DCP step folder, else the latest complete ``checkpoints/step-<N>`` of a run."""
-    if (path / ".metadata").exists():
+    if is_complete(path):
         return path
-    steps = [
-        (int(m.group(1)), p)
-        for p in (path / "checkpoints").glob("step-*")
-        if (m := _STEP.fullmatch(p.name)) and (p / ".metadata").exists()
-    ]
-    if not steps:
+    latest = latest_complete_checkpoint(path)
+    if latest is None:
         raise FileNotFoundError(f"{path}: neither a DCP checkpoint (.metadata) nor a run with complete checkpoints/step-<N>")
-    return max(steps)[1]
-
-
-def step_number(folder: Path) -> int | None:
-    m = _STEP.fullmatch(folder.name)
-    return int(m.group(1)) if m else None
+    return latest
 
 
 def load_dcp(folder: Path, config: Laneformer.Config) -> dict[str, torch.Tensor]:
@@ -81,7 +71,7 @@ def load_dcp(folder: Path, config: Laneformer.Config) -> dict[str, torch.Tensor]
     check_shapes(expected, found, dict.fromkeys(found, str(folder)))
     state_dict = {k: torch.empty(expected[k], dtype=saved[k].properties.dtype) for k in expected}
     with _single_process():
-        dcp.load(state_dict, checkpoint_id=str(folder))
+        dcp.load(state_dict, checkpoint_id=str(folder), no_dist=True)  # alone, even under a process group
     return state_dict
 
 

@@ -7,10 +7,18 @@ safetensors in the released layout (spec section 4: TorchTitan names under
 ``model.``, lane weights kept ``[L, out, in]``), generation_config.json,
 tokenizer files and a model card. It is written under a temporary name and
 renamed when complete, so a folder with the final name is never partial.
+
+config.json also carries the keys Kog's older ``laneformer_tp`` code reads
+(``use_early_comm``, ``pre_norm_lane_agg``, ``sliding_window_n_layers``,
+``unclamped_layers``, ...) when that code computes the same function from
+them; when it cannot (e.g. ``early_send_forward=false``: that code always
+sends the early layers forward), those keys are left out, and
+``laneformer_tp_compatible`` in config.json and the model card say why.
 """
 
 import dataclasses
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -24,9 +32,11 @@ from ..state_dict_adapter import native_to_hf_name
 from . import REMOTE_CODE_DIR, REMOTE_CODE_FILES, atomic_folder
 from .checkpoint_io import check_shapes, expected_shapes
 from .config_map import config_json, hf_config
+from .kog_releases import laneformer_tp_keys
 from .safetensors_io import write_weights
 
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+log = logging.getLogger(__name__)
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
 BOS_ID, EOS_ID = 1, 2
 
@@ -51,7 +61,12 @@ def export_hf(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     overwrite: bool = False,
 ) -> Path:
-    """Write the HF folder of native ``state_dict`` (cast to ``dtype`` if given) to ``out_dir``."""
+    """Write the HF folder of native ``state_dict`` (cast to ``dtype`` if given) to ``out_dir``.
+
+    ``tokenizer_dir``: a tokenizer.model (its HF files are generated from it),
+    or a folder of tokenizer files (copied; generated when it holds only a
+    tokenizer.model).
+    """
     check_shapes(
         expected_shapes(model_config), {k: v.shape for k, v in state_dict.items()}, dict.fromkeys(state_dict, "state_dict")
     )
@@ -64,16 +79,21 @@ def export_hf(
     }
     config.dtype = str(next(iter(weights.values())).dtype).removeprefix("torch.")
     n_params = sum(v.numel() for v in weights.values())
+    tp_keys, tp_why = laneformer_tp_keys(model_config)
+    compat = True if not tp_why else "no: " + "; ".join(tp_why)
+    if tp_why:
+        log.warning("%s: Kog's laneformer_tp code cannot compute this model: %s", out_dir, "; ".join(tp_why))
 
     with atomic_folder(Path(out_dir), overwrite) as tmp:
         write_weights(weights, tmp, max_shard_bytes)
-        (tmp / "config.json").write_text(json.dumps(config_json(config), indent=2, sort_keys=True) + "\n")
+        fields = {**config_json(config), **tp_keys, "laneformer_tp_compatible": compat}
+        (tmp / "config.json").write_text(json.dumps(fields, indent=2, sort_keys=True) + "\n")
         GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID).save_pretrained(tmp)
         for name in REMOTE_CODE_FILES:
             shutil.copy2(REMOTE_CODE_DIR / name, tmp / name)
         if tokenizer_dir is not None:
-            _copy_tokenizer(Path(tokenizer_dir), tmp)
-        (tmp / "README.md").write_text(model_card(model_config, card or ModelCard(), n_params))
+            _write_tokenizer(Path(tokenizer_dir), tmp)
+        (tmp / "README.md").write_text(model_card(model_config, card or ModelCard(), n_params, tp_why))
     return Path(out_dir)
 
 
@@ -91,15 +111,28 @@ def to_hf(model: torch.nn.Module, out_dir: str | Path, **kwargs) -> Path | None:
     return export_hf(state_dict, model.config, out_dir, **kwargs) if rank0 else None
 
 
-def _copy_tokenizer(src: Path, dst: Path) -> None:
-    present = [n for n in TOKENIZER_FILES if (src / n).exists()]
-    if not present:
-        raise FileNotFoundError(f"{src}: none of the tokenizer files {TOKENIZER_FILES}")
-    for name in present:
-        shutil.copy2(src / name, dst / name)
+def _write_tokenizer(src: Path, dst: Path) -> None:
+    """tokenizer.model plus HF files generated from it, or a folder's complete set of HF files copied;
+    tokenizer_config.json gets the project's chat template (``</s>`` ends a turn: generation_config's EOS)."""
+    from data.chat import add_to_hf_folder
+
+    if src.is_dir() and (src / "tokenizer_config.json").is_file():
+        for name in TOKENIZER_FILES:
+            if (src / name).is_file():
+                shutil.copy2(src / name, dst / name)
+        add_to_hf_folder(dst)  # the chat template (data.chat), unless the files bring their own
+        return
+    model = src / "tokenizer.model" if src.is_dir() else src
+    if not model.is_file():
+        raise FileNotFoundError(f"{src}: neither a tokenizer.model nor a folder with {TOKENIZER_FILES}")
+    from data.hf_tokenizer import save_hf_tokenizer
+
+    shutil.copy2(model, dst / "tokenizer.model")
+    save_hf_tokenizer(model, dst)
+    add_to_hf_folder(dst)
 
 
-def model_card(config: Laneformer.Config, card: ModelCard, n_params: int) -> str:
+def model_card(config: Laneformer.Config, card: ModelCard, n_params: int, tp_why: list[str] = ()) -> str:
     """A README: what the model is, where its weights come from, its latest evals, how to load it."""
     lines = [
         "---",
@@ -116,6 +149,13 @@ def model_card(config: Laneformer.Config, card: ModelCard, n_params: int) -> str
         "|---|---|",
     ]
     lines += [f"| {k} | {v} |" for k, v in _architecture_summary(config).items()]
+    lines += ["", "## Kog's code", ""]
+    if tp_why:
+        lines += ["Kog's older `laneformer_tp` remote code cannot compute this model, so config.json",
+                  "leaves out its keys:", "", *[f"- {why}" for why in tp_why]]
+    else:
+        lines += ["config.json also carries the keys of Kog's older `laneformer_tp` remote code,",
+                  "which computes the same logits from them."]
     lines += ["", "## Training", ""]
     lines += [
         f"- recipe: {card.recipe or 'unknown'}",
@@ -149,6 +189,7 @@ def _architecture_summary(config: Laneformer.Config) -> dict[str, object]:
         "context": config.max_seq_len,
         "lanes": config.n_lanes,
         "exchange": f"delay {config.delay}, early {config.early_mode}, late {config.late_mode}, "
-        f"early layers send: {config.early_send_forward}, final {config.final_agg}",
+        f"early layers send: {config.early_send_forward}, delayed exchange: {config.delayed_exchange}, "
+        f"final {config.final_agg}",
         "sliding window": f"{config.window_size} on layers {config.window_layers}" if config.window_layers else "none",
     }

@@ -14,10 +14,12 @@ its definition rather than importing it:
 - the delayed exchange of partial outputs between lanes, per sub-block:
   early layers (``i < broadcast_delay``) all-reduce ("present") or scale their
   own output by sqrt(L) ("scaled"); the others add their own output plus what
-  the other lanes produced ``broadcast_delay`` layers earlier; the last
-  ``broadcast_delay`` layers drop, flush (add before the final norm) or
+  the other lanes produced ``broadcast_delay`` layers earlier (with
+  ``use_comm`` false: their own output scaled by sqrt(L), no exchange); the
+  last ``broadcast_delay`` layers drop, flush (add before the final norm) or
   all-reduce what would never arrive; ``early_send_forward`` makes early
-  layers send as well;
+  layers send as well; a layer sends only what a later layer or the flush
+  receives;
 - the final lane aggregation: mean over lanes of the normed streams, or the
   norm of their sum.
 
@@ -70,17 +72,24 @@ def apply_rope(x, rotation):
 
 
 def exchange_rule(config, layer):
-    """(how layer ``layer`` adds its own partial outputs, whether it sends them to layer + delay)."""
+    """(how layer ``layer`` adds its own partial outputs, whether it sends them to layer + delay).
+
+    A send happens only where it is received: by layer + delay when that exists
+    and exchanges, or by the final flush (``late_mode`` "flush").
+    """
     n, d = config.num_hidden_layers, config.broadcast_delay
-    if d == 0:
-        return "present", False
     if layer < d:
-        return config.early_mode, config.early_send_forward
-    if layer >= n - d:
-        if config.late_mode == "present":
-            return "present", False
-        return "own", config.late_mode == "flush"
-    return "own", True
+        reduce, sends = config.early_mode, config.early_send_forward
+    elif not config.use_comm:
+        return "scaled", False
+    elif d == 0:
+        return "present", False
+    elif layer >= n - d and config.late_mode == "present":
+        return "present", False
+    else:
+        reduce, sends = "own", True
+    received = config.use_comm and (layer + d < n or config.late_mode == "flush")
+    return reduce, sends and received
 
 
 class LaneformerAttention(nn.Module):
@@ -206,7 +215,7 @@ class LaneformerModel(LaneformerPreTrainedModel):
             x, sent = layer(x, arrivals, rotation, token_index, key_is_real, cache)
             if sent[0] is not None:
                 in_flight[i] = sent
-        for attn_sent, mlp_sent in in_flight.values():  # sent past the last layer: late_mode "flush"
+        for attn_sent, mlp_sent in in_flight.values():  # sent past the last layer: late_mode "flush" only
             x = x + attn_sent + mlp_sent
         if cfg.final_agg == "mean_of_norms":
             return self.norm(x).mean(dim=2)

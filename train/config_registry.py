@@ -1,10 +1,11 @@
 """Runnable ``Trainer.Config`` functions, torchtitan's ``config_registry`` convention.
 
-    torchrun -m torchtitan.train --module models.laneformer --config laneformer_tiny
+    torchrun -m torchtitan.train --module train --config laneformer_tiny
 
-Each function compiles one of the repo's recipes, so torchtitan's own entry
-point and ``train.py`` run exactly the same job (``train.py`` adds the recipe
-checks, ``--set`` and the per-launch snapshot).
+torchtitan imports ``<module>.config_registry``. Each function compiles one of
+the repo's recipes, so torchtitan's own entry point and ``train.py`` run
+exactly the same job (``train.py`` adds the up-front checks, ``--set`` and the
+per-launch snapshot).
 """
 
 from train.cpu import use_cpu_if_no_gpu

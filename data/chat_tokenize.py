@@ -1,0 +1,86 @@
+"""Conversations -> token shards plus a loss mask (datatrove's optional ``.ds.loss``), for data.tokenize.
+
+``--chat-key messages`` makes the reader put each record's message list, as
+JSON text, in the document (``chat_adapter``), and ``ChatTokenizer`` replaces
+datatrove's text tokenizer: every conversation is rendered by data.chat
+(SentencePiece ids, one mask byte per token: 1 on assistant answers and their
+</s>, 0 elsewhere) and written with datatrove's own TokenizedFile, which
+writes ``NNNNN_unshuffled.ds.loss`` beside the shard. Conversations data.chat
+refuses are not written; each task counts them by reason in
+``logs/chat/NNNNN.json``, and the manifest sums them (``chat.rejected``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from datatrove.pipeline.tokens.tokenizer import DocumentTokenizer, TokenizedFile
+
+from data.chat import BadConversation, render, resolve_template, template_sha256
+from data.tokenizer import Tokenizer
+
+
+def chat_adapter(self, data: dict, path: str, id_in_file: int | str) -> dict:
+    """A datatrove reader adapter: the record's messages (``self.text_key``) as JSON text.
+
+    Missing or empty message lists still become documents ("null", "[]") so they are counted, not dropped.
+    """
+    messages = data.pop(self.text_key, None)
+    return {"text": json.dumps(messages), "id": str(data.pop(self.id_key, f"{path}/{id_in_file}")),
+            "metadata": {}}
+
+
+class ChatTokenizer(DocumentTokenizer):
+    """DocumentTokenizer for conversations: data.chat's ids and loss mask, bad ones counted."""
+
+    name = "💬 Chat tokenizer"
+
+    def __init__(self, out: str, tokenizer_json: str, model_path: str, template: str | None, batch_size: int):
+        super().__init__(out, tokenizer_name_or_path=tokenizer_json, batch_size=batch_size, shuffle_documents=False,
+                         save_index=True, save_final_metadata=True, save_loss_metadata=True)
+        self.out, self.model_path, self.template = out, model_path, template
+        resolve_template(template)  # fail before any task starts
+
+    def run(self, data, rank: int = 0, world_size: int = 1):
+        self._rank = rank
+        return super().run(data, rank, world_size)
+
+    def write_unshuffled(self, data, filename: str):
+        sp = Tokenizer(self.model_path)
+        out = TokenizedFile(self.output_folder, filename, save_index=True, save_loss_metadata=True,
+                            upload_block_size=self.upload_block_size, tokenizer_name_or_path=self.tokenizer_name_or_path,
+                            save_final_metadata=self.save_final_metadata, token_size=self.token_size)
+        rejected, examples = Counter(), {}
+        for document in data:
+            with self.track_time():
+                try:
+                    ids, mask = render(json.loads(document.text), sp, self.template)
+                except BadConversation as e:
+                    rejected[e.reason] += 1
+                    examples.setdefault(e.reason, f"{document.id}: {e}")
+                    self.stat_update("rejected")
+                    continue
+                out.write(ids, np.asarray(mask, dtype=bool))
+                self.stat_update("tokens", value=len(ids))
+                self.stat_update("trained_tokens", value=int(sum(mask)))
+        out.close()
+        log = Path(self.out) / "logs" / "chat" / f"{self._rank:05d}.json"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(json.dumps({"rejected": rejected, "examples": examples}, indent=1) + "\n")
+        return out
+
+
+def chat_summary(out: Path, template: str | None, chat_key: str) -> dict:
+    """The manifest's ``chat`` entry: template, and refused conversations summed over tasks."""
+    name, jinja = resolve_template(template)
+    rejected, examples = Counter(), {}
+    for log in sorted((Path(out) / "logs" / "chat").glob("*.json")):
+        part = json.loads(log.read_text())
+        rejected.update(part["rejected"])
+        for reason, example in part["examples"].items():
+            examples.setdefault(reason, example)
+    return {"key": chat_key, "template": name, "template_sha256": template_sha256(jinja),
+            "rejected": dict(sorted(rejected.items())), "rejected_examples": examples}

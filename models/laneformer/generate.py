@@ -1,0 +1,472 @@
+"""Greedy decoding with a KV cache, in one process or lane-parallel with the delayed exchange.
+
+    python -m models.laneformer.generate --checkpoint DIR --prompt TEXT --max-new-tokens N
+    torchrun --nproc-per-node P -m models.laneformer.generate --checkpoint DIR --prompt TEXT \\
+        --max-new-tokens N --lane-parallel
+
+``DIR`` is an exported Hugging Face folder, or a run dir / DCP step dir (also
+one that ``convert from-hf`` wrote). Without ``--lane-parallel`` one process
+holds every lane: the reference. With it, ``P`` ranks (``P`` divides
+``n_lanes``) each hold lanes ``r*L/P .. (r+1)*L/P - 1``: their slices
+``W[lanes]`` of every lane-batched weight (read straight from the released
+``[L, out, in]`` layout, no conversion), the KV cache of their own heads, and
+the replicated embeddings, norm and head. For sub-block ``s`` (attention,
+then MLP) of layer ``i``, with ``o_l(i)`` lane ``l``'s partial output and
+``S_r(i) = sum_{l on rank r} o_l(i)``, each rank computes, for its lanes::
+
+    T(i) = all_reduce(S_r(i))                   = sum over all L lanes m of o_m(i)
+    present:  x_l += T(i)                       (reduced at once)
+    scaled:   x_l += sqrt(L) * o_l(i)           (no exchange)
+    own:      x_l += o_l(i)
+    if layer i sends:  T(i) is started with async_op=True (present: already reduced), o_l(i) kept
+    if layer i-delay sent:  wait T(i-delay);  x_l += T(i-delay) - o_l(i-delay)    (= sum_{m != l} o_m(i-delay))
+    after the last layer:   x_l += T(j) - o_l(j) for each send j still in flight   (late_mode "flush" only)
+    final, last position only, one reduction of [D] vectors:
+        mean_of_norms: h = all_reduce(sum_{l on r} RMSNorm(x_l)) / L
+        norm_of_sum:   h = RMSNorm(all_reduce(sum_{l on r} x_l))
+    next token = argmax(lm_head(h))             (the same on every rank: so are the reductions)
+
+Which rule a layer uses, and whether it sends, is ``Laneformer.Config.exchange_of``:
+the decoder follows the model config exactly. Prefill runs the same split over
+the prompt. Rank 0 prints the text, ``ids: ...`` and the timing: per-token
+latency, each rank's time blocked on the exchange against its compute, and the
+same decode with ``delay=0`` (a synchronous all-reduce per sub-block: standard
+tensor parallelism, a different model, timed only) as a ratio. On CUDA the
+wait/compute split comes from a second, synchronised pass, so that the latency
+is measured without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from rundir import is_complete
+
+from .model import Laneformer
+
+# The lane-batched weights, [L, out, in] in the released layout; everything else is replicated.
+LANE_WEIGHT = re.compile(r"layers\.\d+\.(attention\.w[qkvo]|feed_forward\.w[123])\.weight")
+
+
+# --- weights ---------------------------------------------------------------------------------------
+
+
+def is_hf_folder(path: Path) -> bool:
+    return (path / "config.json").is_file() and not is_complete(path)
+
+
+def read_config(path: str | Path, flavor: str | None = None, overrides: dict | None = None) -> Laneformer.Config:
+    """The model config of an HF folder (its config.json) or of a run/step dir (as ``convert to-hf`` reads it)."""
+    path = Path(path)
+    if is_hf_folder(path):
+        from .hf.kog_releases import read_release
+
+        config_path = path / "config.json"
+        try:
+            return Laneformer.Config(**{**read_release(json.loads(config_path.read_text())).fields,
+                                        **(overrides or {})})
+        except ValueError as e:
+            raise ValueError(f"{config_path}: {e}") from None
+    from .convert import resolve_config
+    from .hf.checkpoint_io import step_dir
+
+    return resolve_config(step_dir(path), flavor, overrides or {})
+
+
+def read_weights(path: str | Path, config: Laneformer.Config, lanes: range) -> dict[str, torch.Tensor]:
+    """Native-named tensors: ``W[lanes]`` of each lane-batched weight, the rest whole.
+
+    From an HF folder only those slices are read (safetensors slicing); a DCP
+    checkpoint is read whole and sliced.
+    """
+    path = Path(path)
+    cut = slice(lanes.start, lanes.stop)
+    if not is_hf_folder(path):
+        from .hf.checkpoint_io import load_dcp, step_dir
+
+        full = load_dcp(step_dir(path), config)
+        return {k: v[cut].clone() if LANE_WEIGHT.fullmatch(k) else v for k, v in full.items()}
+    from safetensors import safe_open
+
+    from .hf.checkpoint_io import check_shapes, expected_shapes
+    from .hf.safetensors_io import INDEX_FILE, SINGLE_FILE, check_complete
+    from .state_dict_adapter import hf_to_native_name
+
+    index = path / INDEX_FILE
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else [SINGLE_FILE]
+    out, shapes, where = {}, {}, {}
+    for name in files:
+        check_complete(path / name)
+        with safe_open(str(path / name), framework="pt") as f:
+            for key in f.keys():
+                native = hf_to_native_name(key)
+                part = f.get_slice(key)
+                shapes[native], where[native] = torch.Size(part.get_shape()), str(path / name)
+                out[native] = part[cut] if LANE_WEIGHT.fullmatch(native) else f.get_tensor(key)
+    if "lm_head.weight" not in out and "tok_embeddings.weight" in out:  # tied in the release
+        out["lm_head.weight"], shapes["lm_head.weight"] = out["tok_embeddings.weight"], shapes["tok_embeddings.weight"]
+    check_shapes(expected_shapes(config), shapes, where)
+    return out
+
+
+def random_weights(config: Laneformer.Config, lanes: range, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A random model's tensors, made lane by lane, so a rank makes only its own slices.
+
+    Every (tensor, lane) has its own seeded generator: any lane split gives the
+    same model. For tests and benchmarks of models too large to hold P times.
+    """
+    from .hf.checkpoint_io import expected_shapes
+
+    out = {}
+    for n, (name, shape) in enumerate(sorted(expected_shapes(config).items())):
+        def randn(*size, part=0):
+            return torch.randn(*size, generator=torch.Generator().manual_seed(seed * 1_000_003 + n * 1009 + part))
+
+        if LANE_WEIGHT.fullmatch(name):  # unit-variance outputs, so that every layer and exchange shows
+            out[name] = torch.stack([randn(*shape[1:], part=lane) for lane in lanes]) * shape[2] ** -0.5
+        elif name.endswith("norm.weight"):
+            out[name] = 1 + 0.1 * randn(*shape)
+        elif name == "lm_head.weight":
+            out[name] = randn(*shape) * config.dim**-0.5
+        else:
+            out[name] = randn(*shape)
+    return out
+
+
+def lane_range(n_lanes: int, rank: int, world: int) -> range:
+    if n_lanes % world:
+        raise ValueError(f"{world} ranks must divide model.n_lanes={n_lanes} (use 1, 2, 4 or 8 for 8 lanes)")
+    per = n_lanes // world
+    return range(rank * per, (rank + 1) * per)
+
+
+# --- one rank's lanes ----------------------------------------------------------------------------
+
+
+def lane_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """[B, S, n, in] x [n, out, in] -> [B, S, n, out]: each lane with its own weight."""
+    return torch.einsum("bsli,loi->bslo", x, w)
+
+
+@dataclasses.dataclass
+class _Sent:
+    """A sub-block's send: the (being) reduced sum over lanes, the collective, this rank's own outputs."""
+
+    total: torch.Tensor
+    work: object | None
+    own: torch.Tensor
+
+
+class LaneDecoder:
+    """Lanes ``lanes`` of a Laneformer with a KV cache; the other lanes live on the other ranks of ``group``.
+
+    ``group=None``: one process holding every lane (all reductions are local sums).
+    """
+
+    def __init__(self, config: Laneformer.Config, weights: dict[str, torch.Tensor], lanes: range,
+                 device: torch.device, dtype: torch.dtype = torch.float32, group=None):
+        from torchtitan.models.common import ComplexRoPE
+
+        self.cfg, self.lanes, self.group, self.device, self.dtype = config, lanes, group, device, dtype
+        self.L, n = config.n_lanes, len(lanes)
+        self.heads, self.kv_heads = config.n_heads * n // self.L, config.n_kv_heads * n // self.L
+        self.w = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
+        for name, t in self.w.items():
+            if LANE_WEIGHT.fullmatch(name) and t.shape[0] != n:
+                raise ValueError(f"{name}: holds {t.shape[0]} lanes, this rank owns {n} ({lanes})")
+        with torch.device(device):
+            self.rope = ComplexRoPE.Config(dim=config.head_dim, max_seq_len=config.max_seq_len,
+                                           theta=config.rope_theta).build()
+        self.timed_sync = False  # CUDA: synchronise around waits, to time them (a separate pass)
+        self.wait_s = 0.0
+        self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def reset(self, batch: int, max_len: int) -> None:
+        """An empty KV cache for ``max_len`` positions; zero the wait clock."""
+        if max_len > self.cfg.max_seq_len:
+            raise ValueError(f"{max_len} positions exceed model.max_seq_len={self.cfg.max_seq_len}")
+        shape = (batch, self.kv_heads, max_len, self.cfg.head_dim)
+        self.cache = [(torch.zeros(shape, device=self.device, dtype=self.dtype),
+                       torch.zeros(shape, device=self.device, dtype=self.dtype)) for _ in range(self.cfg.n_layers)]
+        self.wait_s = 0.0
+
+    # The exchange. Time blocked on it counts as waiting; everything else is compute.
+    def _sync(self) -> None:
+        if self.timed_sync and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _reduce_now(self, t: torch.Tensor) -> torch.Tensor:
+        if self.group is not None:
+            self._sync()
+            t0 = time.perf_counter()
+            dist.all_reduce(t, group=self.group)
+            self._sync()
+            self.wait_s += time.perf_counter() - t0
+        return t
+
+    def _send(self, o: torch.Tensor) -> _Sent:
+        total = o.sum(dim=2, keepdim=True)
+        work = dist.all_reduce(total, group=self.group, async_op=True) if self.group is not None else None
+        return _Sent(total, work, o)
+
+    def _receive(self, sent: _Sent) -> torch.Tensor:
+        """sum over the other lanes m != l of o_m, for each of this rank's lanes l."""
+        if sent.work is not None:
+            self._sync()
+            t0 = time.perf_counter()
+            sent.work.wait()
+            self._sync()
+            self.wait_s += time.perf_counter() - t0
+        return sent.total - sent.own
+
+    def _add(self, x, o, reduce: str, sends: bool, arrival: _Sent | None):
+        """Laneformer's ``_add_partial``, with the lane sum split over ranks."""
+        sent = None
+        if reduce == "present":
+            total = self._reduce_now(o.sum(dim=2, keepdim=True))
+            x = x + total
+            sent = _Sent(total, None, o) if sends else None
+        else:
+            sent = self._send(o) if sends else None
+            x = x + (math.sqrt(self.L) * o if reduce == "scaled" else o)
+        if arrival is not None:
+            x = x + self._receive(arrival)
+        return x, sent
+
+    def _norm(self, x, name):
+        return F.rms_norm(x, (self.cfg.dim,), self.w[name], self.cfg.norm_eps)
+
+    def _attention(self, i: int, x, start: int):
+        B, S, n, _ = x.shape
+        hd, p = self.cfg.head_dim, f"layers.{i}.attention."
+        q = lane_linear(x, self.w[p + "wq.weight"]).reshape(B, S, self.heads, hd)
+        k = lane_linear(x, self.w[p + "wk.weight"]).reshape(B, S, self.kv_heads, hd)
+        v = lane_linear(x, self.w[p + "wv.weight"]).reshape(B, S, self.kv_heads, hd)
+        positions = torch.arange(start, start + S, device=self.device).unsqueeze(0)
+        q, k = self.rope(q, k, positions)
+        k_cache, v_cache = self.cache[i]
+        k_cache[:, :, start:start + S] = k.transpose(1, 2)
+        v_cache[:, :, start:start + S] = v.transpose(1, 2)
+        end = start + S
+        q_pos, k_pos = positions[0].unsqueeze(1), torch.arange(end, device=self.device).unsqueeze(0)
+        mask = k_pos <= q_pos
+        window = self.cfg.window_of(i)
+        if window:
+            mask = mask & (q_pos - k_pos < window)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k_cache[:, :, :end], v_cache[:, :, :end],
+                                             attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+        return lane_linear(out.transpose(1, 2).reshape(B, S, n, -1), self.w[p + "wo.weight"])
+
+    def _mlp(self, i: int, x):
+        p = f"layers.{i}.feed_forward."
+        return lane_linear(F.silu(lane_linear(x, self.w[p + "w1.weight"])) * lane_linear(x, self.w[p + "w3.weight"]),
+                           self.w[p + "w2.weight"])
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """Logits [B, V] (float32) of the last of ``tokens`` [B, S], which sit at positions start..start+S-1."""
+        cfg = self.cfg
+        h = F.embedding(tokens, self.w["tok_embeddings.weight"])
+        x = h.unsqueeze(2).expand(-1, -1, len(self.lanes), -1)
+        in_flight: dict[int, tuple[_Sent | None, _Sent | None]] = {}
+        for i in range(cfg.n_layers):
+            reduce, sends = cfg.exchange_of(i)
+            arrival = in_flight.pop(i - cfg.delay, (None, None)) if cfg.delay else (None, None)
+            o = self._attention(i, self._norm(x, f"layers.{i}.attention_norm.weight"), start)
+            x, attn_sent = self._add(x, o, reduce, sends, arrival[0])
+            o = self._mlp(i, self._norm(x, f"layers.{i}.ffn_norm.weight"))
+            x, mlp_sent = self._add(x, o, reduce, sends, arrival[1])
+            if attn_sent is not None:
+                in_flight[i] = (attn_sent, mlp_sent)
+        for attn_sent, mlp_sent in in_flight.values():  # only late_mode="flush" leaves sends in flight
+            x = x + self._receive(attn_sent) + self._receive(mlp_sent)
+        last = x[:, -1]  # [B, n, D]
+        if cfg.final_agg == "mean_of_norms":
+            h = self._reduce_now(self._norm(last, "norm.weight").sum(dim=1)) / self.L
+        else:
+            h = self._norm(self._reduce_now(last.sum(dim=1)), "norm.weight")
+        return F.linear(h, self.w["lm_head.weight"]).float()
+
+
+# --- decoding -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Decoded:
+    ids: list[int]
+    prefill_s: float
+    step_s: list[float]  # one per decode step after the prefill
+    wait_s: float  # time blocked on the exchange, prefill and steps
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_s + sum(self.step_s)
+
+    @property
+    def per_token_s(self) -> float | None:
+        return statistics.median(self.step_s) if self.step_s else None
+
+
+def greedy(decoder: LaneDecoder, prompt: list[int], max_new_tokens: int, eos_id: int | None = None) -> Decoded:
+    """Greedy ids after ``prompt`` (stopping before ``eos_id`` unless it is None), with timings."""
+    decoder.reset(1, len(prompt) + max_new_tokens)
+    t0 = time.perf_counter()
+    token = int(decoder.forward(torch.tensor([prompt], device=decoder.device), 0).argmax(-1))
+    prefill, steps, ids = time.perf_counter() - t0, [], []
+    while token != eos_id:
+        ids.append(token)
+        if len(ids) == max_new_tokens:
+            break
+        t0 = time.perf_counter()
+        token = int(decoder.forward(torch.tensor([[token]], device=decoder.device), len(prompt) + len(ids) - 1)
+                    .argmax(-1))
+        steps.append(time.perf_counter() - t0)
+    return Decoded(ids, prefill, steps, decoder.wait_s)
+
+
+def timed(decoder: LaneDecoder, prompt: list[int], n_tokens: int) -> tuple[Decoded, Decoded]:
+    """(latency pass, wait/compute pass) of ``n_tokens`` greedy tokens, EOS ignored.
+
+    On CUDA the second pass synchronises around every wait, so the first
+    pass's latency is undisturbed; on CPU waiting blocks the host anyway and
+    one pass gives both.
+    """
+    run = greedy(decoder, prompt, n_tokens)
+    if decoder.device.type != "cuda":
+        return run, run
+    decoder.timed_sync = True
+    try:
+        return run, greedy(decoder, prompt, n_tokens)
+    finally:
+        decoder.timed_sync = False
+
+
+def timing_lines(label: str, runs: list[tuple[Decoded, Decoded]]) -> list[str]:
+    """Latency of rank 0's run, and every rank's wait against compute."""
+    latency, _ = runs[0]
+    lines = [f"{label}: prefill {1e3 * latency.prefill_s:.1f} ms; per-token latency "
+             + (f"{1e3 * latency.per_token_s:.2f} ms ({1 / latency.per_token_s:,.0f} tokens/s, median of "
+                f"{len(latency.step_s)} steps)" if latency.per_token_s else "n/a (one token)")]
+    for rank, (_, split) in enumerate(runs):
+        n = len(split.step_s) + 1
+        lines.append(f"  rank {rank}: waiting on the exchange {1e3 * split.wait_s / n:.2f} ms/token, compute "
+                     f"{1e3 * (split.total_s - split.wait_s) / n:.2f} ms/token "
+                     f"({100 * split.wait_s / split.total_s:.0f}% waiting)")
+    return lines
+
+
+def gather(obj, group) -> list:
+    """``obj`` of every rank of ``group``, in rank order (``[obj]`` without a group)."""
+    if group is None:
+        return [obj]
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def compare_with_tp(config, weights, lanes, device, dtype, group, prompt: list[int], n_tokens: int,
+                    dtp: tuple[Decoded, Decoded]) -> tuple[list[str], float | None]:
+    """Timing lines of the same decode with delay 0 (synchronous exchange per sub-block), and TP/DTP latency."""
+    tp = LaneDecoder(dataclasses.replace(config, delay=0, delayed_exchange=True), weights, lanes, device, dtype, group)
+    tp_runs = gather(timed(tp, prompt, n_tokens), group)
+    ratio = None
+    if tp_runs[0][0].per_token_s and dtp[0].per_token_s:
+        ratio = tp_runs[0][0].per_token_s / dtp[0].per_token_s
+    return timing_lines("standard TP (delay 0, a synchronous all-reduce per sub-block; a different model, "
+                        "timing only)", tp_runs), ratio
+
+
+# --- CLI ------------------------------------------------------------------------------------------
+
+
+def load_tokenizer(path: Path, tokenizer_path: str | None):
+    """The HF folder's own tokenizer, else the project's SentencePiece model (``--tokenizer``, default tiny)."""
+    if is_hf_folder(path) and tokenizer_path is None:
+        from transformers import AutoTokenizer
+
+        from eval.load import HFTokenizer
+
+        return HFTokenizer(AutoTokenizer.from_pretrained(str(path)))
+    from data.tokenizer import Tokenizer
+
+    return Tokenizer(tokenizer_path)
+
+
+def main(argv: list[str] | None = None) -> list[int]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="HF folder, run dir or DCP step dir")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--lane-parallel", action="store_true", help="under torchrun: this rank's lanes only")
+    p.add_argument("--flavor", default=None, help="DCP checkpoints: the flavor (default: laneformer_config.json)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a model field")
+    p.add_argument("--tokenizer", default=None, help="SentencePiece model (DCP checkpoints; default: the tiny one)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--no-tp-baseline", action="store_true", help="skip the delay-0 timing comparison")
+    args = p.parse_args(argv)
+    from .convert import parse_overrides
+
+    path, dtype = Path(args.checkpoint), getattr(torch, args.dtype)
+    cuda = torch.cuda.is_available()
+    group, own_group = None, False
+    if args.lane_parallel:
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        if not dist.is_initialized():  # a caller may have started the group
+            dist.init_process_group("nccl" if cuda else "gloo")
+            own_group = True
+        group = dist.group.WORLD
+    rank, world = (dist.get_rank(), dist.get_world_size()) if group is not None else (0, 1)
+    device = torch.device(f"cuda:{torch.cuda.current_device()}" if cuda else "cpu")
+    try:
+        config = read_config(path, args.flavor, parse_overrides(args.set))
+        lanes = lane_range(config.n_lanes, rank, world)
+        weights = read_weights(path, config, lanes)
+        tokenizer = load_tokenizer(path, args.tokenizer)
+        prompt = tokenizer.encode(args.prompt, bos=True)
+        decoder = LaneDecoder(config, weights, lanes, device, dtype, group)
+        out = greedy(decoder, prompt, args.max_new_tokens, tokenizer.eos_id)
+        lines = []
+        if group is not None and not args.no_tp_baseline and out.ids:
+            dtp = timed(decoder, prompt, len(out.ids))
+            lines = timing_lines(f"lane-parallel decode on {world} ranks ({config.n_lanes // world} lanes each, "
+                                 f"delay {config.delay})", gather(dtp, group))
+            tp_lines, ratio = compare_with_tp(config, weights, lanes, device, dtype, group, prompt, len(out.ids), dtp)
+            lines += tp_lines
+            lines.append(f"RATIO TP/DTP per-token latency: {ratio:.2f}x" if ratio else "RATIO n/a (one token)")
+        else:
+            lines = timing_lines("one process, every lane" if group is None else f"{world} ranks",
+                                 gather((out, out), group))
+        if rank == 0:
+            from eval.generate import continuation_text
+
+            print(continuation_text(tokenizer, prompt, out.ids))
+            print("ids: " + " ".join(map(str, out.ids)))
+            if device.type == "cpu" and group is not None:
+                lines.append("(CPU and gloo: these timings check the mechanism only; measure on GPUs with NCCL)")
+            print("\n".join(lines), flush=True)
+        return out.ids
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ValueError, FileNotFoundError) as e:
+        print(f"generate: {e}", file=sys.stderr)
+        sys.exit(2)

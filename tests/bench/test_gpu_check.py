@@ -1,0 +1,63 @@
+"""bench.gpu_check: the CPU exit, the planner lines it reads, and its whole code path on CPU (--cpu-check)."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bench import gpu_check
+from rundir import REPO
+from tests.helpers import env
+
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU behaviour")
+
+
+def run(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench.gpu_check", *args], cwd=REPO, env=env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@cpu_only
+def test_without_gpu_exits_0_with_a_message(tmp_path):
+    result = run("--out", str(tmp_path / "g.json"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "no CUDA GPU found" in result.stdout
+    assert not (tmp_path / "g.json").exists()
+
+
+def test_reads_the_planner_lines():
+    text = ("sharded params+grads+optimizer per GPU: 2.1 GiB\n"
+            "peak memory per GPU: 61.4 GiB of 80.0 GiB (fits)\n"
+            "recommended: micro batch 4, AC selective -> gradient accumulation 2\n")
+    assert gpu_check.parse_peak(text) == {"peak_gib": 61.4, "gpu_gib": 80.0, "fits": True}
+    assert gpu_check.parse_peak("peak memory per GPU: 91.0 GiB of 80.0 GiB (does not fit)")["fits"] is False
+    assert gpu_check.parse_recommendation(text) == (4, "selective")
+    assert gpu_check.parse_recommendation("recommended setting: AC=full, micro_batch=16") == (16, "full")
+    assert gpu_check.parse_recommendation("peak memory per GPU: 1 GiB of 80 GiB (fits)") is None
+    assert gpu_check.gpu_kind("NVIDIA H200") == "h200"
+    assert gpu_check.gpu_kind("NVIDIA H100 80GB HBM3") == "h100"
+
+
+@pytest.mark.slow
+def test_cpu_check_writes_every_field(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    result = run("--cpu-check", "--out", str(out))
+    report = json.loads(out.read_text())
+    assert report["cpu_check"] is True
+    # 1: the tiny flavor's two masks (window and full causal), forward only on CPU.
+    assert {r["mask"] for r in report["attention"]} == {"window 32", "full causal"}
+    assert all(r["ok"] and r["flex_err"] < 1e-4 for r in report["attention"])
+    # 2: the loss falls and nothing recompiles after warm-up.
+    (tiny,) = report["training"]
+    assert tiny["loss_last5"] < tiny["loss_first5"] and tiny["graphs_after_warmup"] == 0
+    # 3: measured throughput, and the planner's prediction beside it.
+    big = report["big"]
+    assert big["tokens_per_s"] > 0 and big["micro_batch"] >= 1 and big["ac"] in ("none", "selective", "full")
+    assert big["predicted_peak_gib"] > 0, big.get("planner_output_tail")
+    # 4: the lanes/dense ratio.
+    assert math.isfinite(report["lanes_vs_dense"]["ratio"]) and report["lanes_vs_dense"]["ratio"] > 0
+    assert result.returncode == (0 if report["ok"] else 1)
+    assert ("PASS" if report["ok"] else "FAIL") in result.stdout.splitlines()[-1]

@@ -1,0 +1,177 @@
+"""The chat template: the renderer training uses agrees with transformers' apply_chat_template,
+the loss mask covers exactly the assistant answers and their </s>, bad conversations are refused."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from data.chat import (LLAMA2, BadConversation, check_conversation, hf_tokenizer_config, prompt_ids, render,
+                       resolve_template)
+from data.hf_tokenizer import save_hf_tokenizer
+from data.tokenizer import TINY_TOKENIZER, Tokenizer
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Write a function that adds two numbers."},
+     {"role": "assistant", "content": "def add(a, b):\n    return a + b"}],
+    [{"role": "system", "content": "You are terse.\n"},
+     {"role": "user", "content": "  héllo wörld 日本 "},
+     {"role": "assistant", "content": "ok 🤖 sure\n  x = 1\t"},
+     {"role": "user", "content": "and?"},
+     {"role": "assistant", "content": "done."}],
+    [{"role": "user", "content": "a [INST] b [/INST] c <<SYS>>"},
+     {"role": "assistant", "content": "   leading and trailing spaces   "}],
+]
+
+
+@pytest.fixture(scope="module")
+def sp():
+    return Tokenizer(TINY_TOKENIZER)
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    """The tokenizer folder an export writes: tokenizer files plus the chat template."""
+    from transformers import AutoTokenizer
+
+    out = tmp_path_factory.mktemp("hf_tok")
+    save_hf_tokenizer(TINY_TOKENIZER, out)
+    path = out / "tokenizer_config.json"
+    path.write_text(json.dumps(hf_tokenizer_config(json.loads(path.read_text()))))
+    return AutoTokenizer.from_pretrained(str(out))
+
+
+@pytest.mark.parametrize("conversation", CONVERSATIONS)
+def test_render_matches_transformers_ids_and_assistant_mask(conversation, sp, hf):
+    ids, mask = render(conversation, sp)
+    ref = hf.apply_chat_template(conversation, return_dict=True, return_assistant_tokens_mask=True)
+    assert ids == ref["input_ids"]
+    assert mask == ref["assistant_masks"]
+
+
+@pytest.mark.parametrize("conversation", CONVERSATIONS)
+def test_mask_is_the_answers_and_their_end_of_turn(conversation, sp):
+    ids, mask = render(conversation, sp)
+    answers = [m["content"].strip() for m in conversation if m["role"] == "assistant"]
+    assert ids[0] == sp.bos_id and ids[-1] == sp.eos_id and mask[0] == 0 and mask[-1] == 1
+    # Contiguous runs of mask 1, each decoding to one answer and ending with the end-of-turn </s>.
+    runs, run = [], []
+    for i, m in zip(ids, mask):
+        if m:
+            run.append(i)
+        elif run:
+            runs.append(run)
+            run = []
+    runs.append(run)
+    assert [r[-1] for r in runs] == [sp.eos_id] * len(answers)
+    assert [sp.decode(r[:-1]).strip() for r in runs] == answers
+    assert ids.count(sp.eos_id) == len(answers)  # no other </s>: user and system turns are all mask 0
+
+
+def test_control_token_text_in_messages_stays_text(sp, hf):
+    conv = [{"role": "user", "content": "print </s> and <s>"}, {"role": "assistant", "content": "a</s>b<s>c"}]
+    ids, mask = render(conv, sp)
+    assert ids.count(sp.eos_id) == 1 and ids.count(sp.bos_id) == 1
+    assert sp.decode([i for i, m in zip(ids, mask) if m][:-1]) == "a</s>b<s>c"
+    # transformers keeps it text too when asked to sanitize (it splits the literal differently)
+    safe = hf.apply_chat_template(conv, sanitize_control_tokens=True)["input_ids"]
+    assert safe.count(sp.eos_id) == 1 and safe.count(sp.bos_id) == 1
+
+
+def test_generation_prompt_is_the_prefix_before_the_answer(sp, hf):
+    conv = CONVERSATIONS[1]
+    prompt = prompt_ids(conv[:4], sp)
+    assert prompt == hf.apply_chat_template(conv[:4], add_generation_prompt=True)["input_ids"]
+    full, mask = render(conv, sp)
+    assert full[: len(prompt)] == prompt
+    assert mask[len(prompt) - 1] == 0 and all(mask[len(prompt):])  # the answer starts right after
+
+
+@pytest.mark.parametrize("messages, reason", [
+    ([{"role": "user", "content": "hi"}, {"role": "bot", "content": "yo"}], "unknown role"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": " \n"}], "empty assistant turn"),
+    ([{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}], "no assistant turn"),
+    ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}, {"role": "assistant", "content": "c"}],
+     "roles do not alternate user/assistant"),
+    ([{"role": "assistant", "content": "first"}], "roles do not alternate user/assistant"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}],
+     "ends with a user turn"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "system", "content": "c"}],
+     "system message not first"),
+    ([{"role": "user", "content": 3}, {"role": "assistant", "content": "b"}], "malformed message"),
+    ([], "not a list of messages"),
+])
+def test_bad_conversations_are_refused_with_a_reason(messages, reason, sp):
+    with pytest.raises(BadConversation) as e:
+        render(messages, sp)
+    assert e.value.reason == reason
+    with pytest.raises(BadConversation):
+        check_conversation(messages)
+
+
+def test_template_from_a_release_folder(tmp_path, sp):
+    """A folder's tokenizer_config.json chat_template is used; without {% generation %} blocks the
+    answers are found by rendering prefixes, which gives the same mask for the same format."""
+    plain = LLAMA2.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": plain}))
+    assert resolve_template(tmp_path)[1] == plain
+    for conv in CONVERSATIONS:
+        assert render(conv, sp, str(tmp_path)) == render(conv, sp)
+    (tmp_path / "odd.jinja").write_text("{% for m in messages %}{% if loop.last %}LAST:{% endif %}"
+                                        "{{ m['content'] + eos_token }}{% endfor %}")
+    with pytest.raises(ValueError, match="prefix"):
+        render(CONVERSATIONS[0], sp, str(tmp_path / "odd.jinja"))
+    with pytest.raises(FileNotFoundError, match="nope"):
+        resolve_template("nope")
+
+
+def test_tokenized_chat_shards_hold_transformers_ids_and_masks(tmp_path, sp, hf):
+    """data.tokenize --chat-key: shards + .ds.loss equal apply_chat_template's ids and assistant masks;
+    bad conversations are counted in the manifest and not written; the mixture masks prompt labels."""
+    from data import tokenize
+    from data.mixture import IGNORE_INDEX, Mixture, SourceSpec
+    from data.shards import open_source
+
+    bad = [{"messages": [{"role": "user", "content": "x"}, {"role": "bot", "content": "y"}]},
+           {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}]},
+           {"messages": [{"role": "user", "content": "only a question"}]},
+           {"messages": []}, {"other": 1}]
+    good = [{"messages": c} for c in CONVERSATIONS]
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    with open(raw / "chat.jsonl", "w") as f:
+        for record in [good[0], bad[0], good[1], bad[1], bad[2], good[2], bad[3], bad[4]]:
+            f.write(json.dumps(record) + "\n")
+    manifest = tokenize.run(str(raw), tmp_path / "tok", TINY_TOKENIZER, chat_key="messages")
+    assert manifest["loss_mask"] is True and manifest["num_documents"] == 3
+    assert manifest["chat"]["rejected"] == {"empty assistant turn": 1, "no assistant turn": 1,
+                                            "not a list of messages": 2, "unknown role": 1}
+    source = open_source(tmp_path / "tok")
+    (shard,) = source.shards
+    for d, conv in enumerate(CONVERSATIONS):
+        ref = hf.apply_chat_template(conv, return_dict=True, return_assistant_tokens_mask=True)
+        start = int(shard.doc_ends[d - 1]) if d else 0
+        assert shard.document(d).tolist() == ref["input_ids"]
+        assert shard.loss[start : int(shard.doc_ends[d])].tolist() == ref["assistant_masks"]
+
+    # A chat source mixed with a text source (no mask): only the chat source's prompt labels are ignored.
+    mix = Mixture([SourceSpec("chat", tmp_path / "tok", weight=0.5, max_epochs=100),
+                   SourceSpec("code", "assets/sample_data/code", weight=0.5)], seq_len=32)
+    batch = mix.batch(range(8))
+    chat_rows, text_rows = batch["source"] == 0, batch["source"] == 1
+    assert chat_rows.any() and text_rows.any()
+    assert (batch["labels"][text_rows] != IGNORE_INDEX).all()
+    ignored = batch["labels"][chat_rows] == IGNORE_INDEX
+    assert ignored.any() and not ignored.all()
+    # Reference: the chat stream rebuilt from the shard's documents in the loader's epoch order.
+    stream = mix.streams[0]
+    docs = [(shard.document(d), np.asarray(shard.loss[(int(shard.doc_ends[d - 1]) if d else 0):int(shard.doc_ends[d])]))
+            for d in range(shard.num_documents)]
+    order = [int(d) for e in range(4) for d in stream.epoch(e)[0]]
+    tokens = np.concatenate([docs[d][0] for d in order]).astype(np.int64)
+    masks = np.concatenate([docs[d][1] for d in order])
+    for row, k in zip(np.flatnonzero(chat_rows), mix.locate(np.arange(8))[1][chat_rows]):
+        window = slice(int(k) * 32 + 1, int(k) * 32 + 33)
+        assert batch["labels"][row].tolist() == np.where(masks[window] == 1, tokens[window], IGNORE_INDEX).tolist()

@@ -1,0 +1,153 @@
+"""The end of a run, damaged checkpoints and runaway skipping, on one rank: nothing is lost,
+every stop says why and what to run next."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import torch
+
+import rundir
+from tests.helpers import REPO, env, free_port, losses, metrics
+
+SHORT = ("training.seq_len=64", "training.global_batch=8", "training.micro_batch=4", "schedule.warmup_steps=2",
+         "logging.interval=1", "logging.tensorboard=false", 'logging.wandb_mode="disabled"',
+         "run.deterministic=true", "checkpoint.keep_last=10")
+
+# train.py run as rank 0 of 1 without torchrun, so its own exit status comes back; an
+# optional injection (exec'd first) breaks one thing on purpose.
+RUN = """
+import runpy, sys
+sys.path.insert(0, {repo!r})
+exec({inject!r})
+sys.argv = ["train.py", *{args!r}]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def train_rank0(run, *sets, inject: str = "", exit_file=None) -> subprocess.CompletedProcess:
+    args = ["--recipe", "tiny.toml", "--set", f"run.output_dir={run}"]
+    for s in (*SHORT, *sets):
+        args += ["--set", s]
+    extra = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    if exit_file:
+        extra[rundir.EXIT_FILE_ENV] = str(exit_file)
+    return subprocess.run([sys.executable, "-c", RUN.format(repo=str(REPO), inject=inject, args=args)],
+                          cwd=REPO, env={**env(), **extra}, capture_output=True, text=True, timeout=600)
+
+
+def weights(step_dir):
+    from models.laneformer import read_native_config
+    from models.laneformer.hf.checkpoint_io import load_dcp
+
+    return load_dcp(step_dir, read_native_config(step_dir.parent.parent / rundir.MODEL_CONFIG_FILE))
+
+
+# ---- the end of a run cannot lose it -------------------------------------------------------
+
+FAIL_EXPORT = """
+import models.laneformer.hf.export as export
+def to_hf(*args, **kwargs):
+    raise OSError("No space left on device")
+export.to_hf = to_hf
+"""
+
+
+def test_a_failed_export_keeps_the_final_checkpoint_exits_3_and_says_how_to_retry(tmp_path):
+    run, note = tmp_path / "run", tmp_path / "exit.json"
+    result = train_rank0(run, "training.steps=3", "checkpoint.interval=100", "checkpoint.export_hf=true",
+                         inject=FAIL_EXPORT, exit_file=note)
+    assert result.returncode == rundir.EXIT_EXPORT_FAILED, result.stderr[-3000:]
+    assert rundir.latest_complete_step(run) == 3  # the final save happened before the export
+    record = json.loads(note.read_text())
+    assert record["code"] == 3 and record["reason"] == "training complete, export failed"
+    assert "No space left on device" in record["message"]
+    command = record["command"]
+    assert command.startswith(f"python -m models.laneformer.convert to-hf {run} {run / 'hf'} ")
+    assert command in result.stderr  # printed for the person at the terminal too
+
+    # The command does what the export would have done, from the final checkpoint.
+    argv = shlex.split(command)
+    redo = subprocess.run([sys.executable, *argv[1:]], cwd=REPO, env=env(), capture_output=True, text=True,
+                          timeout=600)
+    assert redo.returncode == 0, redo.stderr[-3000:]
+    from safetensors.torch import load_file
+
+    exported = {}
+    for f in (run / "hf").glob("*.safetensors"):
+        exported.update(load_file(f))
+    final = weights(rundir.step_dir(run, 3))
+    assert len(exported) == len(final)
+    assert "tokens seen: 1,536" in (run / "hf" / "README.md").read_text()  # 3 steps x 8 x 64
+
+
+# ---- runaway skipping --------------------------------------------------------------------
+
+ALL_NAN_FROM = """
+from torchtitan.components.loss import CrossEntropyLoss
+calls = {{"n": 0}}
+forward = CrossEntropyLoss.__call__
+def poisoned(self, pred, *args, **kwargs):
+    calls["n"] += 1
+    if calls["n"] > {first_bad_call}:  # every micro-batch from here on is NaN
+        pred = pred * float("nan")
+    return forward(self, pred, *args, **kwargs)
+CrossEntropyLoss.__call__ = poisoned
+"""
+
+
+def test_runaway_skipping_stops_with_exit_4_naming_the_last_checkpoint(tmp_path):
+    run, note = tmp_path / "run", tmp_path / "exit.json"
+    # Two micro-batches per step: steps 1-2 are fine, every step from 3 on is NaN.
+    result = train_rank0(run, "training.steps=30", "checkpoint.interval=2", "training.max_consecutive_skips=3",
+                         inject=ALL_NAN_FROM.format(first_bad_call=4), exit_file=note)
+    assert result.returncode == rundir.EXIT_SKIPPED_OUT, result.stderr[-3000:]
+    record = json.loads(note.read_text())
+    assert record["reason"] == "too many consecutive skipped steps" and record["step"] == 5
+    last = rundir.latest_complete_checkpoint(run)
+    assert last == rundir.step_dir(run, 4) and record["checkpoint"] == str(last)
+    assert "3 consecutive steps skipped up to step 5" in result.stderr and str(last) in result.stderr
+    assert metrics(run)[5]["skipped_steps"] == 3
+    # Skipped steps left the weights as the last applied step (2) made them.
+    w2, w4 = weights(rundir.step_dir(run, 2)), weights(last)
+    assert all(torch.equal(w2[k], w4[k]) for k in w2)
+
+
+# ---- damaged checkpoints -------------------------------------------------------------------
+
+
+def truncate(step_dir):
+    for f in step_dir.glob("*.distcp"):
+        os.truncate(f, f.stat().st_size // 2)
+
+
+def test_a_damaged_latest_checkpoint_is_moved_aside_and_the_run_replays_from_the_previous(tmp_path):
+    run = tmp_path / "run"
+    common = ("checkpoint.interval=2",)
+    assert train_rank0(run, "training.steps=4", *common).returncode == 0
+    first = losses(run)
+    truncate(rundir.step_dir(run, 4))
+
+    result = train_rank0(run, "training.steps=6", *common)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    assert f"DAMAGED CHECKPOINT {rundir.step_dir(run, 4)} could not be loaded" in out
+    assert (rundir.checkpoints_dir(run) / "step-4.damaged").is_dir()
+    assert "Training starts at step 3" in out
+    again = losses(run)
+    assert {s: again[s] for s in (3, 4)} == {s: first[s] for s in (3, 4)}  # exact replay
+    assert rundir.complete_steps(run) == [2, 4, 6]
+
+    for step in rundir.complete_steps(run):
+        truncate(rundir.step_dir(run, step))
+    result = train_rank0(run, "training.steps=8", *common)
+    assert result.returncode != 0
+    assert "no complete checkpoint is left" in result.stderr and "not starting from scratch" in result.stderr
+    assert rundir.complete_steps(run) == []
+    assert sorted(p.name for p in rundir.checkpoints_dir(run).iterdir()) == [
+        "step-2.damaged", "step-4.damaged", "step-4.damaged-2", "step-6.damaged"]

@@ -1,0 +1,89 @@
+"""train/plan.py: the dry-run report, the fake-tensor memory plan and the roofline.
+
+References: the analytic bytes of FSDP's sharded state (fp32 params, fp32
+grads, two fp32 AdamW moments: 16 B per parameter over N ranks), the
+linearity of activations in the micro batch, the order of the AC policies, and
+the exact line formats that tools (bench/gpu_check.py, launch.slurm) read.
+(The 2B's dry run is checked in test_train.py; the realized mix of a run there too.)
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, env
+from train import plan as P
+from train import recipe as R
+from train.build import model_config
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    recipe = R.load("tiny.toml")
+    return recipe, model_config(recipe)
+
+
+def test_sharded_params_grads_and_adamw_state_are_16_bytes_per_parameter_over_n(tiny):
+    recipe, config = tiny
+    with __import__("torch").device("meta"):
+        nparams = sum(p.numel() for p in config.build().parameters())
+    for gpus in (2, 4):
+        memory = P.memory_plan(config, P.Shape.of(recipe, gpus, micro_batch=1, ac="none"), P.GPUS["h100"])
+        assert memory.state == pytest.approx(16 * nparams / gpus, rel=0.02)
+
+
+def test_activations_grow_linearly_with_the_micro_batch_and_full_ac_saves_most(tiny):
+    recipe, config = tiny
+    act = {}
+    for ac in P.AC_MODES:
+        plans = P.memory_plans(config, P.Shape.of(recipe, 2, ac=ac), P.GPUS["h100"], (1, 2, 4))
+        act[ac] = {mb: m.parts["Activation"] for mb, m in plans.items()}
+        assert plans[4].peak > plans[2].peak > plans[1].peak
+    for mb in (1, 2, 4):  # no AC holds everything; selective recomputes some; full keeps block inputs only
+        assert act["full"][mb] < act["selective"][mb] < act["none"][mb]
+    for ac in ("none", "selective"):
+        a = act[ac]
+        assert a[1] > 0 and a[4] - a[2] == pytest.approx(2 * (a[2] - a[1]), rel=0.02)
+        assert a[2] == pytest.approx(2 * a[1], rel=0.02)
+
+
+def test_the_stand_in_attention_is_charged_the_flops_of_its_visible_pairs():
+    assert P._visible_pairs(8, 0) == 36  # causal: 1 + 2 + ... + 8
+    assert P._visible_pairs(8, 3) == 1 + 2 + 3 * 6  # sliding window of 3
+    assert P._visible_pairs(4, 16) == 10  # a window longer than the sequence is causal
+
+
+def test_a_tiny_plan_prints_every_line_tools_read():
+    result = subprocess.run([sys.executable, "train.py", "--recipe", "tiny.toml", "--plan", "--gpus", "2",
+                             "--gpu", "h200", "--ops", "--sweep"],
+                            cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    peak = re.search(r"^peak memory per GPU: ([\d.]+) GiB of ([\d.]+) GiB \((fits|does not fit)\)$", out, re.M)
+    assert peak and peak.group(3) == "fits" and float(peak.group(2)) == pytest.approx(140.4, abs=0.1)
+    for pattern in (r"^sharded params\+grads\+optimizer per GPU: [\d.]+ GiB$", r"^activations per GPU: [\d.]+ GiB$",
+                    r"^temporaries per GPU: [\d.]+ GiB$", r"^all-gather buffers per GPU: [\d.]+ GiB$",
+                    r"^reduce-scatter buffers per GPU: [\d.]+ GiB$",
+                    r"^roofline: [\d,]+ tokens/s/GPU, MFU [\d.]+% \(estimate: eager ops, compute and memory "
+                    r"traffic only, no communication, no compile fusion\)$",
+                    r"^dense twin roofline: [\d,]+ tokens/s/GPU, MFU [\d.]+%",
+                    r"^lanes/dense roofline step ratio: [\d.]+",
+                    r"stand-in that saves what flex attention saves \(q, k, v, output, logsumexp\)",
+                    r"^per-op roofline of layer 2",
+                    r"^recommended: micro batch \d+, activation checkpointing (none|selective|full) .*"
+                    r"gradient accumulation \d+ keeps 16 sequences per step on 2 GPUs$"):
+        assert re.search(pattern, out, re.M), pattern
+    sweep = out[out.index("sweep on 2 x"):]
+    assert len(re.findall(r"^(none|selective|full) +(1|2|4|8|16) ", sweep, re.M)) == 15
+
+
+def test_dry_run_refuses_a_plan_beyond_max_epochs():
+    result = subprocess.run([sys.executable, "train.py", "--recipe", "tiny.toml", "--dry-run",
+                             "--set", "training.steps=5000"],
+                            cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "prose (" in result.stderr and "epochs > max_epochs=4.0" in result.stderr

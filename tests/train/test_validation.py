@@ -1,0 +1,163 @@
+"""Every check before anything is written (train.build.preflight): each problem is
+reported as ``file: [table] key: why``; train.py then exits 2 with no run dir, and
+``--dry-run`` gives the same verdict."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rundir import REPO
+from tests.helpers import env
+from train import recipe as R
+from train.build import preflight
+
+
+def tiny(tmp_path, *sets):
+    return R.load("tiny.toml", [f"run.output_dir={tmp_path / 'run'}", *sets])
+
+
+def problems(recipe):
+    return preflight(recipe, world_size=1).problems
+
+
+def test_the_tiny_recipe_passes_every_check(tmp_path):
+    checked = preflight(tiny(tmp_path), world_size=1)
+    assert checked.problems == []
+    assert checked.config.vocab_size == 4096 and checked.mixture is not None
+    assert not (tmp_path / "run").exists()
+
+
+def complete_step(run, step):
+    folder = run / "checkpoints" / f"step-{step}"
+    folder.mkdir(parents=True)
+    (folder / ".metadata").write_bytes(b"")
+    return folder
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "[checkpoint] init_from: {init} does not exist"),
+    ("incomplete", "[checkpoint] init_from: {init} holds no complete checkpoint"),
+])
+def test_init_from_must_hold_a_complete_checkpoint(tmp_path, case, message):
+    init = tmp_path / "p1"
+    if case == "incomplete":
+        (init / "checkpoints" / "step-40").mkdir(parents=True)  # no .metadata: half-written
+    (found,) = problems(tiny(tmp_path, f"checkpoint.init_from={init}"))
+    assert found.startswith(f"{REPO / 'recipes' / 'tiny.toml'}: " + message.format(init=init))
+
+
+def test_init_from_resolves_to_the_latest_complete_step(tmp_path):
+    from train.build import initial_load
+
+    init = tmp_path / "p1"
+    complete_step(init, 20)
+    complete_step(init, 40)
+    (init / "checkpoints" / "step-60").mkdir()  # incomplete: skipped
+    assert initial_load(tiny(tmp_path, f"checkpoint.init_from={init}")) == (str(init / "checkpoints" / "step-40"), False)
+    assert problems(tiny(tmp_path, f"checkpoint.init_from={init}")) == []
+
+
+@pytest.mark.parametrize("override, message", [
+    ('model.max_seq_len="256"', "[model] max_seq_len: expected int, got '256'"),
+    ("model.early_mode=1", "[model] early_mode: must be one of ['present', 'scaled'], got 1"),
+    ("model.window_layers=[0.5]", "[model] window_layers[0]: expected int, got 0.5"),
+    ("model.rope_theta=true", "[model] rope_theta: expected float, got True"),
+    ("model.inner_attention=1", "[model] has unknown key 'inner_attention'"),
+])
+def test_model_overrides_are_type_checked_against_the_model_config(tmp_path, override, message):
+    (found,) = problems(tiny(tmp_path, override))
+    assert found.startswith(f"{REPO / 'recipes' / 'tiny.toml'}: {message}")
+
+
+def test_model_overrides_of_the_right_type_reach_the_model(tmp_path):
+    checked = preflight(tiny(tmp_path, "model.rope_theta=500000", "model.window_layers=[1]"), world_size=1)
+    assert checked.problems == []
+    assert checked.config.rope_theta == 500000.0 and checked.config.window_layers == [1]
+
+
+def test_a_missing_tokenizer_is_named_and_the_llama2_one_says_how_to_get_it(tmp_path):
+    (found,) = problems(tiny(tmp_path, f"data.tokenizer={tmp_path / 'nope.model'}"))
+    assert found == f"{REPO / 'recipes' / 'tiny.toml'}: [data] tokenizer: {tmp_path / 'nope.model'} not found"
+    llama2 = problems(R.load("phase1.toml"))
+    assert any("[data] tokenizer: " in p and "hf download meta-llama/Llama-2-7b-hf tokenizer.model "
+               "--local-dir assets/tokenizer/llama2" in p and "licence" in p for p in llama2)
+
+
+def test_a_missing_data_source_is_named(tmp_path):
+    found = problems(tiny(tmp_path, f"data.sources=[{{name = \"gone\", path = \"{tmp_path / 'gone'}\", weight = 1.0}}]"))
+    assert found == [f"{REPO / 'recipes' / 'tiny.toml'}: [data.sources[0]] path: {tmp_path / 'gone'} not found "
+                     "(source 'gone'; make it with python -m data.tokenize)"]
+
+
+def test_an_unwritable_export_dir_is_refused(tmp_path):
+    (tmp_path / "a-file").write_text("")  # a dir cannot be made below a file, even by root
+    (found,) = problems(tiny(tmp_path, "checkpoint.export_hf=true", f"checkpoint.export_dir={tmp_path / 'a-file' / 'hf'}"))
+    assert found == f"{REPO / 'recipes' / 'tiny.toml'}: [checkpoint] export_dir: {tmp_path / 'a-file' / 'hf'} is not writable"
+
+
+def test_train_py_reports_every_problem_exits_2_and_writes_nothing(tmp_path):
+    """A launch and a dry run: the same checks, the same verdict, no run dir."""
+    (tmp_path / "a-file").write_text("")
+    sets = [f"run.output_dir={tmp_path / 'run'}", 'model.max_seq_len="256"', f"checkpoint.init_from={tmp_path / 'p1'}",
+            f"data.tokenizer={tmp_path / 'nope.model'}", "checkpoint.export_hf=true",
+            f"checkpoint.export_dir={tmp_path / 'a-file' / 'hf'}"]
+    expected = ["[model] max_seq_len: expected int", "[checkpoint] init_from:", "[data] tokenizer:",
+                "[checkpoint] export_dir:"]
+    for extra in ([], ["--dry-run"]):
+        cmd = [sys.executable, str(REPO / "train.py"), "--recipe", "tiny.toml", *extra]
+        for s in sets:
+            cmd += ["--set", s]
+        result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+        assert result.returncode == 2, result.stderr[-2000:]
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+        assert len(errors) == len(expected), result.stderr[-2000:]
+        for line, what in zip(errors, expected):
+            assert line.startswith(f"error: {REPO / 'recipes' / 'tiny.toml'}: {what}")
+        assert not (tmp_path / "run").exists()
+
+
+def test_sources_are_source_specs_checked_once_with_the_recipe_named(tmp_path):
+    from data.mixture import SourceSpec
+
+    recipe = tiny(tmp_path)
+    assert all(type(s) is SourceSpec and s.path.startswith("/") for s in recipe.data.sources)
+    with pytest.raises(R.RecipeError, match=r"tiny\.toml: \[data\.sources\[0\]\] source 'x' .*: weight must be finite and >= 0"):
+        tiny(tmp_path, 'data.sources=[{name = "x", path = "p", weight = -1.0}]')
+
+
+def test_paths_are_absolute_once_resolved(tmp_path):
+    r = R.load("tiny.toml", ["eval.val_sources=[\"assets/sample_data/prose\"]", "checkpoint.init_from=runs/x"])
+    assert r.data.tokenizer == str(REPO / "assets/tokenizer/tokenizer.model")
+    assert r.eval.val_sources == [str(REPO / "assets/sample_data/prose")]
+    assert r.checkpoint.init_from == str(REPO / "runs/x")
+    assert r.checkpoint.export_dir == str(r.output_dir / "hf")
+    assert r.run.output_dir == str(REPO / "runs" / "tiny")
+
+
+def test_no_config_builder_sets_environment_variables(tmp_path, monkeypatch):
+    from train.build import trainer_config
+
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    trainer_config(tiny(tmp_path))
+    assert "WANDB_PROJECT" not in os.environ
+
+
+def test_one_set_grammar_for_train_convert_and_eval():
+    from models.laneformer.convert import parse_overrides
+
+    sets = ["window_layers=[0, 1]", "late_mode=flush", "rope_theta=5e5", 'early_mode="scaled"']
+    recipe = R.load("tiny.toml", [f"model.{s}" for s in sets])
+    assert recipe.model.overrides == {"max_seq_len": 256, **parse_overrides(sets)}  # tiny.toml sets max_seq_len
+    assert parse_overrides(sets) == {"window_layers": [0, 1], "late_mode": "flush", "rope_theta": 5e5,
+                                     "early_mode": "scaled"}
+
+
+def test_the_local_launcher_refuses_before_it_records_a_launch(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "launch.local", "--recipe", "tiny.toml",
+                             "--set", f"run.output_dir={tmp_path / 'run'}", "--set", f"checkpoint.init_from={tmp_path / 'p1'}"],
+                            cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"[checkpoint] init_from: {tmp_path / 'p1'} does not exist" in result.stderr
+    assert not (tmp_path / "run").exists()
