@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field

@@ -45,6 +45,7 @@ def test_reads_the_planner_lines():
 def test_cpu_check_writes_every_field(tmp_path):
     out = tmp_path / "gpu_check.json"
     result = run("--cpu-check", "--out", str(out))
+    assert out.exists(), result.stdout[-2000:] + result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["cpu_check"] is True
     # 1: the tiny flavor's two masks (window and full causal), forward only on CPU.

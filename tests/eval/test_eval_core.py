@@ -97,13 +97,9 @@ def test_centered_accuracy():
     assert centered(0.25, 0.25) == 0.0 and centered(1.0, 0.62) == 1.0
 
 
-def write_toy_bundle(root: Path, skip: tuple[str, ...] = ()) -> Path:
-    return write_toy_core_bundle(root, skip)
-
-
 def test_full_core_on_toy_bundle(toy, tmp_path):
     tok, model = toy
-    result = evaluate_core(model, tok, write_toy_bundle(tmp_path), max_seq_len=None)
+    result = evaluate_core(model, tok, write_toy_core_bundle(tmp_path), max_seq_len=None)
     assert result.complete and result.name() == "CORE" and not result.missing
     assert all(t.accuracy == pytest.approx(2 / 3) and t.n_items == 3 for t in result.tasks.values())
     # copa: baseline 50 in both versions -> (2/3 - 1/2) / (1/2) = 1/3
@@ -120,7 +116,7 @@ def test_full_core_on_toy_bundle(toy, tmp_path):
 
 def test_missing_task_makes_partial_core(toy, tmp_path):
     tok, model = toy
-    result = evaluate_core(model, tok, write_toy_bundle(tmp_path, skip=("squad",)), max_seq_len=None,
+    result = evaluate_core(model, tok, write_toy_core_bundle(tmp_path, skip=("squad",)), max_seq_len=None,
                            labels=[k for k in CORE_LABELS if k != "copa"])
     assert result.missing == {"copa": "not selected", "squad": "no file eval_data/reading_comprehension/squad.jsonl"}
     assert result.name() == "partial CORE (20/22)"

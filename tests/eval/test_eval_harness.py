@@ -1,6 +1,6 @@
 """lm-eval through eval.lm_harness, offline; the same on an exported HF folder; eval.run end to end.
 
-The toy bigram model and word tokenizer of test_eval_core make every
+The toy bigram model and word tokenizer of tests/helpers.py make every
 log-likelihood and greedy continuation computable by hand.
 """
 
@@ -173,13 +173,13 @@ def test_run_cli_on_dcp_and_hf(exported, tmp_path, capsys):
 @needs_bundle
 def test_trainer_entry_point(toy_lm, tmp_path):
     """What a trainer hook calls: flat float metrics for CORE and lm-eval together."""
-    from test_eval_core import write_toy_bundle
+    from tests.helpers import write_toy_core_bundle
 
     from eval.suite import evaluate
 
     lm, _ = toy_lm
     (tmp_path / "bundle").mkdir()
-    metrics = evaluate(lm.model_fn, lm.tokenizer, max_seq_len=16, core_bundle=write_toy_bundle(tmp_path / "bundle"),
+    metrics = evaluate(lm.model_fn, lm.tokenizer, max_seq_len=16, core_bundle=write_toy_core_bundle(tmp_path / "bundle"),
                        max_per_task=None, lm_eval_tasks=write_tasks(tmp_path), limit=5)
     assert metrics["core/copa/acc"] == pytest.approx(2 / 3) and "core/CORE_v1" in metrics
     assert metrics["lm_eval/toy_mc/acc"] == pytest.approx(4 / 5)
