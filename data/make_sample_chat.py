@@ -25,8 +25,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from data import tokenize
-from data.tokenizer import TINY_TOKENIZER
+from data.make_sample_data import tokenize_into_assets
 
 MODULES = ["ast", "base64", "bisect", "calendar", "codecs", "colorsys", "copy", "dataclasses", "difflib", "fnmatch",
            "fractions", "glob", "heapq", "inspect", "ipaddress", "json", "locale", "mimetypes", "quopri", "shutil",
@@ -96,11 +95,7 @@ def build(out: Path) -> dict:
                     "contents": "stdlib function docs and sources, pydoc topics, as conversations"
                                 + ("; 3 deliberately bad ones" if name == "train" else ""),
                     "chat_key": "messages", "chat_template": None, "regenerate": "python -m data.make_sample_chat"}
-            manifests[name] = tokenize.run(str(raw), dest, TINY_TOKENIZER, description=desc, chat_key="messages")
-            shutil.rmtree(dest / "logs")
-            for meta in dest.glob("*.ds.metadata"):  # first line names the (deleted) logs/tokenizer.json
-                lines = meta.read_text().split("\n")
-                meta.write_text("\n".join(["assets/tokenizer/tokenizer.json|" + lines[0].rsplit("|", 1)[1]] + lines[1:]))
+            manifests[name] = tokenize_into_assets(raw, dest, desc, chat_key="messages")
     return manifests
 
 

@@ -46,12 +46,18 @@ def build(out: Path, code_bytes: int = 1_500_000, tasks: int = 2) -> dict:
             shutil.rmtree(dest, ignore_errors=True)
             desc = {"kind": "sample_corpus", "source": name, "contents": what, "documents": len(docs),
                     "regenerate": "python -m data.make_sample_data"}
-            manifests[name] = tokenize.run(str(raw), dest, TINY_TOKENIZER, tasks=tasks, description=desc)
-            shutil.rmtree(dest / "logs")
-            for meta in dest.glob("*.ds.metadata"):  # first line names the (deleted) logs/tokenizer.json
-                lines = meta.read_text().split("\n")
-                meta.write_text("\n".join(["assets/tokenizer/tokenizer.json|" + lines[0].rsplit("|", 1)[1]] + lines[1:]))
+            manifests[name] = tokenize_into_assets(raw, dest, desc, tasks=tasks)
     return manifests
+
+
+def tokenize_into_assets(raw: Path, dest: Path, description: dict, **kwargs) -> dict:
+    """``data.tokenize`` into a bundled folder: no logs, and metadata naming the bundled tokenizer.json."""
+    manifest = tokenize.run(str(raw), dest, TINY_TOKENIZER, description=description, **kwargs)
+    shutil.rmtree(dest / "logs")
+    for meta in dest.glob("*.ds.metadata"):  # first line names the (deleted) logs/tokenizer.json
+        lines = meta.read_text().split("\n")
+        meta.write_text("\n".join(["assets/tokenizer/tokenizer.json|" + lines[0].rsplit("|", 1)[1]] + lines[1:]))
+    return manifest
 
 
 def main() -> None:

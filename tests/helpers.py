@@ -30,6 +30,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def short(tmp_path, steps=12, *extra):
+    """--set values for a short tiny run in ``tmp_path/run``."""
+    return (f"run.output_dir={tmp_path / 'run'}", f"training.steps={steps}", "logging.interval=1",
+            "training.seq_len=64", "training.global_batch=8", "training.micro_batch=4",
+            "schedule.warmup_steps=2", *extra)
+
+
 def train_command(recipe: str, *sets: str, nproc: int = 1) -> list[str]:
     cmd = [TORCHRUN, "--nnodes", "1", "--nproc-per-node", str(nproc),
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
@@ -354,3 +361,18 @@ def write_toy_core_bundle(root: Path, skip: tuple[str, ...] = ()) -> Path:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(json.dumps(it) + "\n" for it in TOY[kind]))
     return root
+
+
+# --- training runs (tests/train, tests/e2e) ---
+
+
+def assert_overfits(tmp_path, nproc, compile, ac):
+    """25 steps of tiny on one repeated batch take the loss below 30% of step 1's."""
+    source = repeated_batch_source(tmp_path / "one", tokens=8 * 64)
+    result = train("tiny.toml", *short(tmp_path, 25, f"parallel.compile={str(compile).lower()}",
+                                       f'parallel.activation_checkpoint="{ac}"',
+                                       f'data.sources=[{{name = "one", path = "{source}", weight = 1.0, max_epochs = 1000}}]',
+                                       "schedule.warmup_steps=2", "training.skip_spikes=false"), nproc=nproc)
+    assert result.returncode == 0, result.stderr[-3000:]
+    values = losses(tmp_path / "run")
+    assert values[25] < 0.3 * values[1], values

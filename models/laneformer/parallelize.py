@@ -1,16 +1,28 @@
 """Activation checkpointing, then torch.compile per block, then FSDP2 per block.
 
-Reuses torchtitan's machinery unchanged. Laneformer needs no tensor or
+Reuses torchtitan's AC and compile unchanged. Laneformer needs no tensor or
 pipeline parallelism (its lanes are the tensor axis, kept inside one replica
 for training), so it runs on torchtitan's ``partial_dtensor`` backend, which
 shards with plain FSDP2 and needs no per-parameter sharding declarations.
+
+FSDP follows torchtitan's ``apply_fsdp_to_decoder`` for a dense decoder
+(embeddings, blocks, norm + head together, then the root; gradient division
+left to the loss) with one difference it has no hook for: a lane weight
+``[L, out, in]`` has only ``L`` (8) rows on dim 0, so on more than ``L`` ranks
+FSDP's default ``Shard(0)`` leaves most ranks holding padding (on 192 GPUs:
+24x padded all-gather and reduce-scatter buffers and traffic). Lane weights
+are then sharded on dim 1, as torchtitan shards MoE expert weights once the
+FSDP degree exceeds the number of experts.
 """
+
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Shard
 
 from torchtitan.config import TORCH_DTYPE_MAP, CompileConfig, ParallelismConfig, TrainingConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig
 from torchtitan.distributed.compile import apply_compile
-from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+from torchtitan.distributed.fsdp import disable_fsdp_gradient_division, get_fsdp_reshard_after_forward_policy
 
 from .model import Laneformer
 
@@ -35,13 +47,35 @@ def parallelize_laneformer(
     if compile_config.enable and "model" in compile_config.components:
         apply_compile(model, compile_config=compile_config, parallel_dims=parallel_dims)
     names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
-    apply_fsdp_to_decoder(
+    apply_fsdp(
         model,
         parallel_dims.get_mesh(names),
-        param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
-        reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
-        pp_enabled=False,
-        cpu_offload=training.enable_cpu_offload,
-        reshard_after_forward_policy=parallelism.fsdp_reshard_after_forward,
+        MixedPrecisionPolicy(
+            param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
+            reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+            cast_forward_inputs=False,
+        ),
+        get_fsdp_reshard_after_forward_policy(parallelism.fsdp_reshard_after_forward, pp_enabled=False),
+        shard_degree=parallel_dims.get_mesh("fsdp").size(),
     )
     return model
+
+
+def lane_placement(n_lanes: int, shard_degree: int):
+    """FSDP's ``shard_placement_fn``: ``Shard(1)`` for lane weights once the degree exceeds the lanes."""
+    if shard_degree <= n_lanes:
+        return None
+    return lambda param: Shard(1) if param.ndim == 3 else None
+
+
+def apply_fsdp(model: Laneformer, mesh, mp_policy: MixedPrecisionPolicy, reshard_after_forward: bool,
+               *, shard_degree: int) -> None:
+    config = {"mesh": mesh, "mp_policy": mp_policy}
+    fully_shard(model.tok_embeddings, **config, reshard_after_forward=reshard_after_forward)
+    placement = lane_placement(model.config.n_lanes, shard_degree)
+    for block in model.layers.values():
+        fully_shard(block, **config, reshard_after_forward=reshard_after_forward, shard_placement_fn=placement)
+    # The head is needed right after the last block: not resharded after forward (torchtitan's default).
+    fully_shard([model.norm, model.lm_head], **config, reshard_after_forward=False)
+    fully_shard(model, **config)
+    disable_fsdp_gradient_division(model)

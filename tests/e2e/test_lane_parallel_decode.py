@@ -25,7 +25,6 @@ the CLI without ``--lane-parallel``.
 import dataclasses
 import gc
 import json
-import os
 import re
 import subprocess
 import sys

@@ -7,7 +7,6 @@ run as a torchrun worker: ``python tests/eval/test_eval_core.py --worker OUT_DIR
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import random
@@ -16,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a torchrun worker too
 from eval.core import centered, evaluate_core, score_task  # noqa: E402

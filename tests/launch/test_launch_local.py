@@ -5,18 +5,16 @@ checkpoints each time and ends with the same losses."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from launch.attempts import checkpoint_step, history
-from tests.helpers import (REPO, SHORT, STEPS, env, kill_tree, local_command, logged_steps, losses,
+from tests.helpers import (REPO, STEPS, env, kill_tree, local_command, logged_steps, losses,
                            reference_losses, wait_for)
 
 def rank_pid(root: int, rank: int) -> int | None:

@@ -5,21 +5,13 @@ from __future__ import annotations
 import glob
 import math
 import os
-import re
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.helpers import REPO, env, kill_tree, losses, metrics, repeated_batch_source, train, train_command, wandb_history
-from tests.helpers import write_toy_core_bundle
-
-
-def short(tmp_path, steps=12, *extra):
-    return (f"run.output_dir={tmp_path / 'run'}", f"training.steps={steps}", "logging.interval=1",
-            "training.seq_len=64", "training.global_batch=8", "training.micro_batch=4",
-            "schedule.warmup_steps=2", *extra)
+from tests.helpers import REPO, env, losses, metrics, train, train_command, wandb_history
+from tests.helpers import assert_overfits, short, write_toy_core_bundle
 
 
 # ---- bad input never starts a run ---------------------------------------------------
@@ -188,61 +180,6 @@ def test_nan_batch_is_skipped_and_the_run_finishes(tmp_path):
     assert all(bool(v.isfinite().all()) for v in state.values())
 
 
-# ---- kill -9 and resume: the same losses to the last digit -----------------------------
-
-
-def wait_for(path, proc, timeout=300):
-    start = time.time()
-    while not path.exists():
-        assert proc.poll() is None, "the run ended before the checkpoint"
-        assert time.time() - start < timeout
-        time.sleep(0.05)
-
-
-@pytest.mark.slow
-def test_kill_all_ranks_then_resume_gives_identical_losses(tmp_path):
-    steps = 16
-    common = ("run.deterministic=true", "checkpoint.interval=4", "checkpoint.keep_last=10")
-    whole = tmp_path / "whole"
-    result = train("tiny.toml", *short(whole, steps, *common), nproc=2)
-    assert result.returncode == 0, result.stderr[-3000:]
-
-    broken = tmp_path / "broken"
-    proc = subprocess.Popen(train_command("tiny.toml", *short(broken, steps, *common), nproc=2),
-                            cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    wait_for(broken / "run" / "checkpoints" / "step-4" / ".metadata", proc)
-    kill_tree(proc.pid)  # torchrun and every rank at once
-    proc.wait()
-    killed_at = max(losses(broken / "run"))
-    assert killed_at < steps
-    half_written = broken / "run" / "checkpoints" / f"step-{steps - 1}"  # no DCP .metadata
-    half_written.mkdir(exist_ok=True)
-    (half_written / "__0_0.distcp").write_bytes(b"partial")
-
-    result = train("tiny.toml", *short(broken, steps, *common), nproc=2)
-    assert result.returncode == 0, result.stderr[-3000:]
-    resumed_at = int(re.search(r"Training starts at step (\d+)", result.stdout).group(1))
-    assert 5 <= resumed_at <= killed_at + 1
-    assert losses(broken / "run") == losses(whole / "run")  # exact, every step
-
-
-@pytest.mark.slow
-def test_resume_on_another_number_of_ranks_continues_the_same_samples(tmp_path):
-    steps = 8
-    common = ("checkpoint.interval=4", "checkpoint.keep_last=10")
-    whole = tmp_path / "whole"
-    assert train("tiny.toml", *short(whole, steps, *common), nproc=2).returncode == 0
-    part = tmp_path / "part"
-    assert train("tiny.toml", *short(part, 4, *common), nproc=2).returncode == 0
-    result = train("tiny.toml", *short(part, steps, *common), nproc=1)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "Training starts at step 5" in result.stdout
-    a, b = losses(whole / "run"), losses(part / "run")
-    # Same global samples on 1 rank as on 2: only the summation order differs.
-    assert all(b[s] == pytest.approx(a[s], rel=1e-5) for s in range(5, steps + 1))
-
-
 # ---- phase 1 then phase 2 ----------------------------------------------------------------
 
 
@@ -261,19 +198,10 @@ def test_phase2_starts_from_phase1_weights(tmp_path):
 # ---- the model learns: a repeated batch is memorized -----------------------------------
 
 
-@pytest.mark.parametrize("nproc, compile, ac", [
-    (1, False, "none"), (1, True, "none"), (1, False, "full"), (1, True, "selective"),
-    pytest.param(2, False, "none", marks=pytest.mark.slow), pytest.param(2, True, "none", marks=pytest.mark.slow),
-])
-def test_tiny_overfits_a_repeated_batch(tmp_path, nproc, compile, ac):
-    source = repeated_batch_source(tmp_path / "one", tokens=8 * 64)
-    result = train("tiny.toml", *short(tmp_path, 25, f"parallel.compile={str(compile).lower()}",
-                                       f'parallel.activation_checkpoint="{ac}"',
-                                       f'data.sources=[{{name = "one", path = "{source}", weight = 1.0, max_epochs = 1000}}]',
-                                       "schedule.warmup_steps=2", "training.skip_spikes=false"), nproc=nproc)
-    assert result.returncode == 0, result.stderr[-3000:]
-    values = losses(tmp_path / "run")
-    assert values[25] < 0.3 * values[1], values
+@pytest.mark.parametrize("compile, ac", [(False, "none"), (False, "full"), (True, "selective")])
+def test_tiny_overfits_a_repeated_batch(tmp_path, compile, ac):
+    """One process; FSDP on two (eager and compiled): tests/e2e/test_train_runs.py."""
+    assert_overfits(tmp_path, 1, compile, ac)
 
 
 def test_evals_run_in_the_loop_and_a_failing_one_does_not_stop_training(short_run):
