@@ -33,8 +33,8 @@ import torch
 def rows_of(label: str, runs) -> dict:
     """One table row from every rank's (latency pass, wait/compute pass)."""
     latency = runs[0][0]
-    waits = [split.wait_s / (len(split.step_s) + 1) for _, split in runs]
-    computes = [(split.total_s - split.wait_s) / (len(split.step_s) + 1) for _, split in runs]
+    waits = [split.wait_per_token_s for _, split in runs]
+    computes = [split.compute_per_token_s for _, split in runs]
     return {"mode": label, "ms/token": f"{1e3 * latency.per_token_s:.2f}", "tokens/s": f"{1 / latency.per_token_s:,.0f}",
             "wait ms/token (min-max over ranks)": f"{1e3 * min(waits):.2f}-{1e3 * max(waits):.2f}",
             "compute ms/token (min-max)": f"{1e3 * min(computes):.2f}-{1e3 * max(computes):.2f}",

@@ -287,8 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     # The planner traces on fake CPU tensors: start it now, it runs while the GPU works.
     sweep = Planner(sizes.recipe, gpu, "--sweep", f"training.seq_len={sizes.big_seq}") if "3" in args.checks else None
     report: dict = {"device": name, "cpu_check": cpu, "torch": torch.__version__, "seconds_per_check": {}}
-    checks = {  # number -> (key, check); 3 runs last: its --cpu-check path patches torchtitan for CPU,
-        # and the planner gets the most time
+    checks = {  # number -> (key, check); 3 runs last, so the background planner gets the most time
         "1": ("attention", lambda: check_attention(sizes, dev)),
         "2": ("training", lambda: [check_training(f, sizes, dev) for f in sizes.train_flavors]),
         "4": ("lanes_vs_dense", lambda: check_lanes_vs_dense(sizes, cpu)),

@@ -49,6 +49,12 @@ def _shown(path: Path) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
+def tokenizer_info(sp: Tokenizer) -> dict:
+    """The manifest's ``tokenizer`` entry."""
+    return {"path": _shown(sp.path), "fingerprint": sp.fingerprint, "vocab_size": sp.vocab_size,
+            "bos_id": sp.bos_id, "eos_id": sp.eos_id}
+
+
 def describe_input(spec: str, split: str = "train", subset: str | None = None) -> dict:
     """Classify --input: local/remote files (folder + glob + format) or a Hub dataset id."""
     if globlib.has_magic(spec):
@@ -161,15 +167,14 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
     desc = description or {**source, "text_key": text_key, "spec": input_spec}
     if chat_key:
         desc = {**desc, "chat_key": chat_key, "chat_template": chat_template}
-    tok_info = {"path": _shown(sp.path), "fingerprint": sp.fingerprint, "vocab_size": sp.vocab_size,
-                "bos_id": sp.bos_id, "eos_id": sp.eos_id}
-    pipeline = [make_reader(source, text_key, limit, streaming),
-                tokenizer_step(tok_json, out, sp)]
+    tok_info = tokenizer_info(sp)
     if chat_key:  # conversations: rendered by data.chat, with a loss mask
         from data.chat_tokenize import ChatTokenizer, chat_adapter
 
         pipeline = [make_reader(source, chat_key, limit, streaming, adapter=chat_adapter),
                     ChatTokenizer(str(out), str(tok_json), str(sp.path), chat_template, BATCH_SIZE)]
+    else:
+        pipeline = [make_reader(source, text_key, limit, streaming), tokenizer_step(tok_json, out, sp)]
     if slurm is None:
         from datatrove.executor import LocalPipelineExecutor
 
@@ -243,9 +248,7 @@ def main(argv: list[str] | None = None) -> None:
         a.input, a.out, a.subset = src["input"], src["out"], a.subset or src["subset"]
         a.tokenizer = a.tokenizer or src["tokenizer"]
     if a.manifest_only:
-        sp = Tokenizer(a.tokenizer)
-        tok = {"path": _shown(sp.path), "fingerprint": sp.fingerprint, "vocab_size": sp.vocab_size,
-               "bos_id": sp.bos_id, "eos_id": sp.eos_id}
+        tok = tokenizer_info(Tokenizer(a.tokenizer))
         kind = {"kind": "hub", "dataset": a.input, "split": a.split, "subset": a.subset} if a.recipe \
             else describe_input(a.input, a.split, a.subset)
         desc = {**kind, "text_key": a.text_key, "spec": a.input}

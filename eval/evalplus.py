@@ -405,5 +405,11 @@ def evaluate_evalplus(model_fn, tokenizer, dataset: str, *, max_seq_len: int, de
             out = generate(forward, tokenizer, [ids], max_new_tokens=max_new_tokens, stop=stops,
                            max_seq_len=max_seq_len)[0]
             solutions[task["task_id"]] = out if chat else base_prompt(task) + out
-    gathered = {k: v for part in dist.all_gather_objects(solutions) for k, v in part.items()}
-    return score(tasks, gathered, dataset, chat, workers, **limits)
+    # Each rank runs the sandboxes for its own tasks only, then the verdicts are gathered.
+    mine_scored = score([tasks[i] for i in mine], solutions, dataset, chat, workers, **limits)
+    passed, clean = {}, {}
+    for part_passed, part_clean in dist.all_gather_objects((mine_scored.passed, mine_scored.solutions)):
+        passed.update(part_passed)
+        clean.update(part_clean)
+    order = [t["task_id"] for t in tasks]
+    return EvalPlusResult(dataset, chat, {k: passed[k] for k in order}, {k: clean[k] for k in order})

@@ -89,6 +89,12 @@ def latest_complete_checkpoint(run: Path) -> Path | None:
     return None if step is None else step_dir(run, step)
 
 
+def read_metrics(run: Path) -> list[dict]:
+    """Every row of a run's ``metrics.jsonl``, oldest first; [] before the first is logged."""
+    path = Path(run) / METRICS_FILE
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def model_config_file(path: Path) -> Path:
     """``laneformer_config.json`` in ``path`` if it is a folder, else ``path`` itself."""
     path = Path(path)

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rundir import METRICS_FILE
+from rundir import read_metrics
 from torchtitan.components.metrics import BaseLogger
 from torchtitan.tools.logging import logger
 
@@ -27,13 +27,8 @@ class Hook(Protocol):
 
 def last_logged(run: Path, key: str) -> tuple[int, float] | None:
     """(step, value) of the last ``key`` in a run's metrics.jsonl, or None."""
-    found = None
-    path = Path(run) / METRICS_FILE
-    for line in path.read_text().splitlines() if path.exists() else []:
-        row = json.loads(line)
-        if key in row:
-            found = (row["step"], row[key])
-    return found
+    rows = [row for row in read_metrics(run) if key in row]
+    return (rows[-1]["step"], rows[-1][key]) if rows else None
 
 
 class MetricsJsonl(BaseLogger):

@@ -37,7 +37,6 @@ saved tensors (attention: q, k, v, output, logsumexp; RMSNorm: input and
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -152,14 +151,13 @@ def data_report(recipe: R.Recipe) -> str:
 
 def realized_mix(run_dir: Path, weights: dict[str, float]) -> str:
     """Tokens consumed per source so far, from the run's metrics.jsonl."""
-    import rundir
+    from rundir import read_metrics
 
-    path = Path(run_dir) / rundir.METRICS_FILE
-    if not path.exists():
+    rows = read_metrics(run_dir)
+    if not rows:
         return f"realized mix: no metrics yet in {run_dir}"
     consumed, step = {}, 0
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
+    for row in rows:
         tokens = {k.removeprefix("data/tokens/"): v for k, v in row.items() if k.startswith("data/tokens/")}
         if tokens:
             consumed, step = tokens, row["step"]
@@ -247,9 +245,6 @@ def _define_stand_ins() -> None:
     torch.library.register_autograd(lib + "rms_norm", norm_backward, setup_context=norm_setup)
 
 
-_define_stand_ins()
-
-
 class FusedRMSNorm(RMSNorm):
     """torchtitan's RMSNorm as CUDA runs it: one kernel (the stand-in operator)."""
 
@@ -283,8 +278,11 @@ def use_cuda_kernels(model: nn.Module, windows: list[int | None]) -> nn.Module:
     The stand-ins subclass the modules they replace and change only
     ``forward`` (Laneformer builds its norms' configs inside ``__init__``, so
     swapping classes reaches every norm where a config swap could not). The
-    stand-in attention ignores masks, so the model builds none.
+    stand-in attention ignores masks, so the model builds none. The stand-in
+    operators are defined on first use, not on import (train.py imports this
+    module on every launch).
     """
+    _define_stand_ins()
     for module in model.modules():
         if isinstance(module, RMSNorm):
             module.__class__ = FusedRMSNorm

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import time
 from contextlib import contextmanager
@@ -176,13 +175,10 @@ class MilestoneCheckpointManager(CheckpointManager):
     def _purge_stale_checkpoints(self):
         if not self._should_purge():
             return
-        steps = sorted(
-            (int(m.group(1)), name)
-            for name in os.listdir(self.folder)
-            if (m := re.fullmatch(r"step-(\d+)", name)) and int(m.group(1)) not in self.milestones
-        )
-        for _, name in steps[: -self.keep_latest_k]:
-            self.purge_queue.put(f"{self.folder}/{name}")
+        steps = sorted(n for name in os.listdir(self.folder)
+                       if (n := step_number(Path(name))) is not None and n not in self.milestones)
+        for n in steps[: -self.keep_latest_k]:
+            self.purge_queue.put(f"{self.folder}/step-{n}")
 
 
 class SkippedOut(StopRun):

@@ -319,6 +319,15 @@ class Decoded:
     def per_token_s(self) -> float | None:
         return statistics.median(self.step_s) if self.step_s else None
 
+    @property
+    def wait_per_token_s(self) -> float:
+        """Time blocked on the exchange per token (the prefill counts as one)."""
+        return self.wait_s / (len(self.step_s) + 1)
+
+    @property
+    def compute_per_token_s(self) -> float:
+        return (self.total_s - self.wait_s) / (len(self.step_s) + 1)
+
 
 def greedy(decoder: LaneDecoder, prompt: list[int], max_new_tokens: int, eos_id: int | None = None) -> Decoded:
     """Greedy ids after ``prompt`` (stopping before ``eos_id`` unless it is None), with timings."""
@@ -361,9 +370,8 @@ def timing_lines(label: str, runs: list[tuple[Decoded, Decoded]]) -> list[str]:
              + (f"{1e3 * latency.per_token_s:.2f} ms ({1 / latency.per_token_s:,.0f} tokens/s, median of "
                 f"{len(latency.step_s)} steps)" if latency.per_token_s else "n/a (one token)")]
     for rank, (_, split) in enumerate(runs):
-        n = len(split.step_s) + 1
-        lines.append(f"  rank {rank}: waiting on the exchange {1e3 * split.wait_s / n:.2f} ms/token, compute "
-                     f"{1e3 * (split.total_s - split.wait_s) / n:.2f} ms/token "
+        lines.append(f"  rank {rank}: waiting on the exchange {1e3 * split.wait_per_token_s:.2f} ms/token, compute "
+                     f"{1e3 * split.compute_per_token_s:.2f} ms/token "
                      f"({100 * split.wait_s / split.total_s:.0f}% waiting)")
     return lines
 

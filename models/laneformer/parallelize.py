@@ -15,7 +15,7 @@ are then sharded on dim 1, as torchtitan shards MoE expert weights once the
 FSDP degree exceeds the number of experts.
 """
 
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard
 
 from torchtitan.config import TORCH_DTYPE_MAP, CompileConfig, ParallelismConfig, TrainingConfig
@@ -55,8 +55,9 @@ def parallelize_laneformer(
             reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
             cast_forward_inputs=False,
         ),
-        get_fsdp_reshard_after_forward_policy(parallelism.fsdp_reshard_after_forward, pp_enabled=False),
+        parallelism.fsdp_reshard_after_forward,
         shard_degree=parallel_dims.get_mesh("fsdp").size(),
+        cpu_offload=training.enable_cpu_offload,
     )
     return model
 
@@ -68,14 +69,17 @@ def lane_placement(n_lanes: int, shard_degree: int):
     return lambda param: Shard(1) if param.ndim == 3 else None
 
 
-def apply_fsdp(model: Laneformer, mesh, mp_policy: MixedPrecisionPolicy, reshard_after_forward: bool,
-               *, shard_degree: int) -> None:
+def apply_fsdp(model: Laneformer, mesh, mp_policy: MixedPrecisionPolicy, reshard_policy: str,
+               *, shard_degree: int, cpu_offload: bool = False) -> None:
     config = {"mesh": mesh, "mp_policy": mp_policy}
+    if cpu_offload:
+        config["offload_policy"] = CPUOffloadPolicy()
+    reshard_after_forward = get_fsdp_reshard_after_forward_policy(reshard_policy, pp_enabled=False)
     fully_shard(model.tok_embeddings, **config, reshard_after_forward=reshard_after_forward)
     placement = lane_placement(model.config.n_lanes, shard_degree)
     for block in model.layers.values():
         fully_shard(block, **config, reshard_after_forward=reshard_after_forward, shard_placement_fn=placement)
-    # The head is needed right after the last block: not resharded after forward (torchtitan's default).
-    fully_shard([model.norm, model.lm_head], **config, reshard_after_forward=False)
+    # The head is needed right after the last block: resharded after forward only under "always" (as torchtitan).
+    fully_shard([model.norm, model.lm_head], **config, reshard_after_forward=reshard_policy == "always")
     fully_shard(model, **config)
     disable_fsdp_gradient_division(model)
