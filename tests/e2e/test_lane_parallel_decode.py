@@ -11,6 +11,8 @@ costs ~15 s here, so everything shares it; 4 and 2 ranks are subgroups):
   tiny weights, on 8, 4 and 2 ranks;
 - a 2B-shaped model (dim 3072, 32/16 heads of 96, MLP 12288, vocab 32000, 8
   lanes, delay 2, window layers) in fp32 with random weights, over a few tokens,
+  on 8 ranks (one lane each, as DTP deploys it; the 4- and 2-rank splits are
+  proven on the tiny cases, and each 2B split costs ~20 s here),
   with 5 of the 2B's 15 layers: with all 15, the 8 ranks would hold ~15 GB
   (0.79 GB of replicated embeddings and head each, plus 1/8 of 8.5 GB of lane
   weights) and the one-process reference 9.3 GB more, too much for a 24 GiB
@@ -23,7 +25,6 @@ the CLI without ``--lane-parallel``.
 """
 
 import dataclasses
-import gc
 import json
 import re
 import subprocess
@@ -84,9 +85,7 @@ def worker(spec_path: str, out_path: str) -> None:
             results[f"{name}/{p}"] = run(p, config, lambda lanes: G.random_weights(config, lanes, seed=1),
                                          DECODE_PROMPT, VARIANT_NEW)
     big = big_config()
-    for p in SPLITS:
-        results[f"2B/{p}"] = run(p, big, lambda lanes: G.random_weights(big, lanes, seed=2), BIG_PROMPT, BIG_NEW)
-        gc.collect()
+    results["2B/8"] = run(8, big, lambda lanes: G.random_weights(big, lanes, seed=2), BIG_PROMPT, BIG_NEW)
     dist.barrier()
     if rank == 0:
         Path(out_path).write_text(json.dumps(results))
@@ -153,8 +152,7 @@ def test_lane_parallel_ids_equal_one_process(trained, tmp_path):
     with torch.no_grad():
         logits = model_from_weights(big, weights)(torch.tensor([BIG_PROMPT + reference]))[0]
     assert logits[len(BIG_PROMPT) - 1:-1].argmax(-1).tolist() == reference
-    for p in SPLITS:
-        assert got[f"2B/{p}"] == reference, p
+    assert got["2B/8"] == reference
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from launch import attempts
 from launch.attempts import checkpoint_step, history, job_info
 from launch.slurm import job_ids
 from launch.slurm import main as slurm_main
-from tests.helpers import SHORT, STEPS, logged_steps, reference_losses, wait_for
+from tests.helpers import SHORT, STEPS, logged_steps, wait_for
 from tests.helpers import REPO, losses
 
 SLURM_SH = REPO / "launch" / "ci" / "slurm.sh"
@@ -40,11 +40,6 @@ def slurm():
     yield
     if "already up" not in up.stdout:
         subprocess.run([str(SLURM_SH), "down"], capture_output=True, timeout=120)
-
-
-@pytest.fixture(scope="session")
-def reference(tmp_path_factory):
-    return reference_losses(tmp_path_factory)
 
 
 def slurm_cli(*args: str) -> subprocess.CompletedProcess:
@@ -159,8 +154,12 @@ def test_a_rank_killed_on_a_node_requeues_without_that_node_and_resumes_with_the
     wait_for(lambda: checkpoint_step(run) >= 4 and logged_steps(run) >= 6, "a checkpoint and step 6", timeout=150)
     assert history(run)[0]["nodes"] == "lfnode2"
     os.kill(process_of(job, "lfnode2", 1), 9)  # as the OOM killer or a bad node would
-    wait_for(lambda: state(job) == "PENDING", "the requeue")
-    assert job_info(job)["ExcNodeList"] == "lfnode2"
+    try:
+        wait_for(lambda: state(job) == "PENDING" and job_info(job)["ExcNodeList"] == "lfnode2",
+                 "the requeue without lfnode2", timeout=60)
+    except AssertionError:
+        batch = (run / "launcher" / "logs" / "batch.log").read_text()[-3000:]
+        raise AssertionError(f"{job_info(job)}\n{history(run)}\n{batch}") from None
     subprocess.run(["scancel", blocker], check=True)
     time.sleep(1.5)  # see the preemption test
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
@@ -226,7 +225,8 @@ def test_the_24_node_script_holds_rendezvous_signal_and_requeue(tmp_path):
                  "#SBATCH --open-mode=append", "export NCCL_SOCKET_IFNAME=ib0", "export NCCL_IB_HCA=mlx5",
                  "export NCCL_DEBUG=WARN", 'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
                  'read -r action exclude <<<"$decision"', 'scontrol requeue "$SLURM_JOB_ID"',
-                 '[ -z "$exclude" ] || scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$exclude"'):
+                 'scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$exclude" && '
+                 '{ echo "$(date -Is) requeued without $exclude"; break; }'):
         assert line in [x.strip() for x in script.splitlines()], line
     for part in ("--nnodes=24 --nproc-per-node=8", "--rdzv-backend=c10d", '--rdzv-endpoint="$head:$port"',
                  "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "--kill-on-bad-exit=1",

@@ -97,7 +97,7 @@ def rope(x, positions, theta):
 def dense_forward(sd, cfg, tokens):
     """A dense GQA/SwiGLU transformer with weights = lane slices concatenated."""
     B, S = tokens.shape
-    L, H, Hkv, hd = cfg.n_lanes, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    H, Hkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     row = lambda w: w.reshape(-1, w.shape[-1])  # [L, out/L, D] -> [out, D]
     col = lambda w: w.permute(1, 0, 2).reshape(w.shape[1], -1)  # [L, D, in/L] -> [D, in]
     positions = torch.arange(S).expand(B, S)

@@ -184,8 +184,8 @@ def test_nan_batch_is_skipped_and_the_run_finishes(tmp_path):
 
 
 def test_phase2_starts_from_phase1_weights(tmp_path):
-    p1 = tmp_path / "p1"
-    assert train("tiny.toml", f"run.output_dir={p1}", "training.steps=40", "logging.interval=1").returncode == 0
+    p1 = tmp_path / "run"
+    assert train("tiny.toml", *short(tmp_path, 40)).returncode == 0
     result = train("tiny-phase2.toml", f"run.output_dir={tmp_path / 'p2'}", "training.steps=3",
                    "logging.interval=1", "schedule.warmup_steps=1", f"checkpoint.init_from={p1}")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -198,10 +198,10 @@ def test_phase2_starts_from_phase1_weights(tmp_path):
 # ---- the model learns: a repeated batch is memorized -----------------------------------
 
 
-@pytest.mark.parametrize("compile, ac", [(False, "none"), (False, "full"), (True, "selective")])
-def test_tiny_overfits_a_repeated_batch(tmp_path, compile, ac):
-    """One process; FSDP on two (eager and compiled): tests/e2e/test_train_runs.py."""
-    assert_overfits(tmp_path, 1, compile, ac)
+def test_tiny_overfits_a_repeated_batch_with_full_activation_checkpointing(tmp_path):
+    """One process; compiled FSDP on two ranks with selective checkpointing:
+    tests/e2e/test_train_runs.py (every other run here has none)."""
+    assert_overfits(tmp_path, 1, False, "full")
 
 
 def test_evals_run_in_the_loop_and_a_failing_one_does_not_stop_training(short_run):
