@@ -32,6 +32,22 @@ conversation through it.
 Conversations that must not be trained on (unknown role, empty assistant turn,
 no assistant turn, ...) raise ``BadConversation`` with a short reason, which
 tokenization counts and reports.
+
+Which template a run uses, first match wins (``train.recipe`` resolves it once
+and records it in the run's ``recipe.toml``; tokenization, the in-loop EvalPlus
+prompts and the end-of-run export all take that one):
+
+1. the recipe's ``[data] chat_template``: a name in ``TEMPLATES``, a .jinja file,
+   or a Hugging Face folder / tokenizer_config.json;
+2. the template the initial checkpoint carries (``checkpoint_template`` of
+   ``[checkpoint] init_from``): an HF folder's own, a ``convert from-hf`` import's
+   (the release's tokenizer files are kept beside the weights), or the template
+   recorded in the run dir's ``recipe.toml``;
+3. ``DEFAULT`` (``llama2``).
+
+``convert to-hf`` follows the same order (``--chat-template``, then the
+checkpoint's own), and the preflight refuses a chat source whose manifest
+records another template than the run's (``template_sha256``).
 """
 
 from __future__ import annotations
@@ -39,10 +55,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import tomllib
 from pathlib import Path
 
 import numpy as np
 from jinja2.exceptions import TemplateError
+
+import rundir
 
 ROLES = ("system", "user", "assistant")
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -67,6 +86,7 @@ LLAMA2 = (
 )
 TEMPLATES = {"llama2": LLAMA2}
 DEFAULT = "llama2"
+TEMPLATE_FILE = "chat_template.jinja"  # transformers' own file; it wins over tokenizer_config.json's
 
 # Private-use characters stand in for BOS/EOS while rendering (see the module docstring).
 _BOS, _EOS = "\ue000", "\ue001"
@@ -82,13 +102,13 @@ class BadConversation(ValueError):
 
 def resolve_template(spec: str | Path | None = None) -> tuple[str, str]:
     """(name, Jinja) of a template: a name in TEMPLATES, a .jinja file, or a folder or
-    tokenizer_config.json whose ``chat_template`` is used (a release keeps its own)."""
+    tokenizer_config.json whose template is used (a release keeps its own)."""
     spec = DEFAULT if spec is None else str(spec)
     if spec in TEMPLATES:
         return spec, TEMPLATES[spec]
     path = Path(spec)
     if path.is_dir():
-        path = path / "tokenizer_config.json"
+        path = folder_template(path) or path / "tokenizer_config.json"
     if not path.is_file():
         raise FileNotFoundError(f"chat template {spec!r}: not one of {sorted(TEMPLATES)} and no such file")
     if path.suffix == ".json":
@@ -98,6 +118,58 @@ def resolve_template(spec: str | Path | None = None) -> tuple[str, str]:
     else:
         jinja = path.read_text()
     return str(path), jinja
+
+
+def folder_template(folder: str | Path) -> Path | None:
+    """The file holding a Hugging Face folder's own template, looked up as transformers does
+    (chat_template.jinja, else tokenizer_config.json's ``chat_template``); None if it has none."""
+    folder = Path(folder)
+    if (folder / TEMPLATE_FILE).is_file():
+        return folder / TEMPLATE_FILE
+    config = folder / "tokenizer_config.json"
+    if config.is_file() and json.loads(config.read_text()).get("chat_template"):
+        return config
+    return None
+
+
+def checkpoint_template(path: str | Path) -> str | None:
+    """The template a checkpoint carries, as a ``resolve_template`` spec, or None.
+
+    ``path``: an HF folder or an imported checkpoint (its own template file), a run
+    dir or one of its ``checkpoints/step-N`` (the run's ``recipe.toml``
+    ``[data] chat_template``, the template it trained with).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return None
+    own = folder_template(path)
+    if own is not None:
+        return str(own)
+    run = path.parent.parent if path.parent.name == rundir.CHECKPOINTS_DIR else path
+    recipe = run / rundir.RECIPE_FILE
+    if not recipe.is_file():
+        return None
+    spec = tomllib.loads(recipe.read_text()).get("data", {}).get("chat_template")
+    if spec is None or spec in TEMPLATES or Path(spec).is_absolute():
+        return spec
+    return str(rundir.REPO / spec)
+
+
+SAMPLE = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"},
+          {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye?"},
+          {"role": "assistant", "content": "Bye."}]
+
+
+def check_template(spec: str | Path | None = None) -> None:
+    """Render a sample conversation with the template, as training and export will: a Jinja
+    syntax error, or a template that cannot mark the answers, fails here (at recipe load)
+    instead of at the end-of-run export. ValueError saying why."""
+    _, jinja = resolve_template(spec)
+    try:
+        _render_text(SAMPLE, jinja, add_generation_prompt=False)
+    except TemplateError as e:
+        raise ValueError(f"chat template {spec}: does not render a system/user/assistant conversation: "
+                         f"{type(e).__name__}: {e}") from None
 
 
 def template_sha256(jinja: str) -> str:
@@ -227,12 +299,17 @@ def hf_tokenizer_config(config: dict, template: str | None = None) -> dict:
 
 
 def add_to_hf_folder(folder: str | Path, template: str | None = None) -> None:
-    """Give the tokenizer_config.json in ``folder`` the chat template, unless it has one already
-    (a release's own template is kept)."""
+    """Write the chat template into the tokenizer_config.json in ``folder``: ``template`` if
+    given, else the folder's own (a release's is kept), else DEFAULT. A chat_template.jinja
+    is folded in and removed, so that the one template transformers loads is that one."""
     path = Path(folder) / "tokenizer_config.json"
     try:
         config = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not JSON ({e})") from None
-    if not config.get("chat_template"):
-        path.write_text(json.dumps(hf_tokenizer_config(config, template), indent=2) + "\n")
+    if template is None:
+        own = folder_template(folder)
+        template = str(own) if own is not None else DEFAULT
+    config = hf_tokenizer_config(config, template)
+    (Path(folder) / TEMPLATE_FILE).unlink(missing_ok=True)
+    path.write_text(json.dumps(config, indent=2) + "\n")

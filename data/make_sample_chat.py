@@ -12,7 +12,9 @@ so its manifest shows them counted and refused. ``conversations.jsonl`` is
 the raw source (``--chat-key messages``); every 10th conversation goes to
 ``heldout`` (validation loss) instead of ``train``. Tokenized with the tiny
 tokenizer through data.tokenize, like assets/sample_data; byte-identical
-when regenerated with the same Python version.
+when regenerated with the same Python version, in a fresh process: importing
+torch (torch.package) replaces ``inspect.getfile``, which would drop its
+conversation (tests/data/test_chat.py checks the bundled copy this way).
 """
 
 from __future__ import annotations

@@ -61,7 +61,9 @@ class SourceSpec:
     weight: relative share of samples. tokens: absolute budget of training tokens
     (its share is tokens / total planned tokens). max_epochs: how many passes
     over the source's tokens the plan may use (fractions allowed). hub_id and
-    subset: where its text comes from, for data.tokenize. A recipe's
+    subset: where its text comes from, for data.tokenize; chat_key: the key of
+    each record's message list when the source is conversations (data.tokenize
+    then renders them with the recipe's chat template). A recipe's
     ``[[data.sources]]`` are these; the values are checked on construction.
     """
 
@@ -72,6 +74,7 @@ class SourceSpec:
     max_epochs: float = 1.0  # how many times the source may be repeated
     hub_id: str | None = None
     subset: str | None = None
+    chat_key: str | None = None
 
     def __post_init__(self):
         where = f"source {self.name!r} ({self.path})"

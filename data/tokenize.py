@@ -17,7 +17,9 @@ loader permutes documents itself, per epoch.
 Conversations: ``--chat-key messages`` reads ``[{"role", "content"}]`` lists
 instead of text, renders them with the chat template (data.chat) and also
 writes a loss mask per shard (``.ds.loss``, see data.chat_tokenize); refused
-conversations are counted in the manifest, never written.
+conversations are counted in the manifest, never written. ``--recipe R
+--source NAME`` does this for a source with a ``chat_key``, with the recipe's
+resolved ``[data] chat_template``.
 
 Reruns are cheap and safe: the datatrove logging dir is <out>/logs, so finished
 tasks are skipped; never change --tasks between reruns. With --slurm the
@@ -195,7 +197,8 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
 
 def recipe_source(recipe_name: str, source_name: str) -> dict:
     """What ``--recipe R --source NAME`` tokenizes: the source's ``hub_id`` and ``subset``
-    (read with datasets.load_dataset) into its ``path``, with the recipe's tokenizer."""
+    (read with datasets.load_dataset) into its ``path``, with the recipe's tokenizer; a source
+    with a ``chat_key`` as conversations, rendered with the recipe's chat template."""
     from train import recipe as R  # the CLI only: data/ does not import train/ as a library
 
     recipe = R.load(recipe_name)
@@ -207,7 +210,8 @@ def recipe_source(recipe_name: str, source_name: str) -> dict:
     if not src.hub_id:
         raise R.RecipeError(f"{recipe.path}: [[data.sources]] {source_name}: hub_id: not set, so there is "
                             "nothing to tokenize from; use --input and --out instead")
-    return {"input": src.hub_id, "subset": src.subset, "out": src.path, "tokenizer": recipe.data.tokenizer}
+    return {"input": src.hub_id, "subset": src.subset, "out": src.path, "tokenizer": recipe.data.tokenizer,
+            "chat_key": src.chat_key, "chat_template": recipe.data.chat_template if src.chat_key else None}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -216,10 +220,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out")
     p.add_argument("--recipe", help="with --source: tokenize that recipe source's hub_id/subset into its path")
     p.add_argument("--source", help="a [[data.sources]] name of --recipe")
-    p.add_argument("--tokenizer", default=None, help="tokenizer.model (default: the tiny test tokenizer)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer.model (required with --input; default with "
+                   "--recipe: its [data] tokenizer)")
     p.add_argument("--text-key", default="text")
     p.add_argument("--chat-key", help="conversations: the key of the [{role, content}] list (writes a loss mask)")
-    p.add_argument("--chat-template", help="data.chat template name or file (default: llama2)")
+    p.add_argument("--chat-template", help="data.chat template name, .jinja file or HF folder "
+                   "(default: the --recipe's [data] chat_template, else llama2)")
     p.add_argument("--tasks", type=int, default=1, help="output shards; never change between reruns")
     p.add_argument("--workers", type=int, default=-1, help="tasks run at once (-1: all)")
     p.add_argument("--split", default="train", help="hub datasets: split")
@@ -239,6 +245,8 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if bool(a.recipe) != bool(a.source) or bool(a.recipe) == bool(a.input and a.out) or (a.recipe and a.input):
         p.error("give either --recipe and --source, or --input and --out")
+    if a.input and not a.tokenizer:  # no default: shards made with the wrong tokenizer cost a re-run
+        p.error("--input needs --tokenizer: the tokenizer.model the run will train with")
     if a.recipe:
         try:
             src = recipe_source(a.recipe, a.source)
@@ -247,6 +255,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)
         a.input, a.out, a.subset = src["input"], src["out"], a.subset or src["subset"]
         a.tokenizer = a.tokenizer or src["tokenizer"]
+        a.chat_key = a.chat_key or src["chat_key"]
+        a.chat_template = a.chat_template or src["chat_template"]
     if a.manifest_only:
         tok = tokenizer_info(Tokenizer(a.tokenizer))
         kind = {"kind": "hub", "dataset": a.input, "split": a.split, "subset": a.subset} if a.recipe \

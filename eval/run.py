@@ -4,8 +4,11 @@
         [--core BUNDLE --max-per-task N [--core-tasks a,b]]
         [--lm-eval TASKS.json|yaml --limit N]
         [--humaneval --limit N --samples K --temperature T --max-new-tokens M]
-        [--evalplus humaneval|mbpp [--evalplus-data FILE] [--chat] [--limit N]]
-        [--out results.json]
+        [--evalplus humaneval,mbpp [--evalplus-data FOLDER | FILE,FILE] [--chat] [--limit N]]
+        [--tokenizer PATH] [--out results.json]
+
+At least one of --core, --lm-eval, --humaneval, --evalplus. The tokenizer is
+the checkpoint's own (eval.load.checkpoint_tokenizer), never a default.
 
 Under ``torchrun`` each rank loads the whole model and scores its share
 (gloo on CPU, NCCL on GPU); rank 0 prints and writes.
@@ -18,12 +21,15 @@ import dataclasses
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 
 from . import dist
 from .load import load_checkpoint
 from .suite import Report, run_evals
+
+TASK_FLAGS = "--core/--lm-eval/--humaneval/--evalplus"
 
 
 def table(metrics: dict[str, float]) -> str:
@@ -43,9 +49,46 @@ def report_json(report: Report, source: str, args: argparse.Namespace) -> dict:
         out["lm_eval"] = report.lm_eval
     if report.humaneval is not None:
         out["humaneval"] = dataclasses.asdict(report.humaneval)
-    if report.evalplus is not None:
-        out["evalplus"] = dataclasses.asdict(report.evalplus)
+    if report.evalplus is not None:  # task ids name their dataset ("HumanEval/0", "Mbpp/2"): one table each
+        out["evalplus"] = {"datasets": [r.dataset for r in report.evalplus], "chat": args.chat,
+                           "passed": {k: v for r in report.evalplus for k, v in r.passed.items()},
+                           "solutions": {k: v for r in report.evalplus for k, v in r.solutions.items()}}
     return out
+
+
+def evalplus_datasets(spec: str) -> list[str]:
+    """``--evalplus humaneval,mbpp`` -> ["humaneval", "mbpp"] (argparse type: a bad name is a usage error)."""
+    from .evalplus import RELEASES
+
+    names = [n.strip() for n in spec.split(",")]
+    bad = [n for n in names if n not in RELEASES]
+    if bad or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected a comma list of distinct {sorted(RELEASES)}")
+    return names
+
+
+def evalplus_files(datasets: list[str], spec: str | None) -> list[Path | None]:
+    """The release file of each dataset: ``--evalplus-data`` as a folder holding the releases under
+    their own names (HumanEvalPlus.jsonl(.gz), MbppPlus.jsonl(.gz)) or one file per dataset, in order;
+    None (no ``--evalplus-data``): EvalPlus's cache or download, per dataset."""
+    from .evalplus import RELEASES, EvalPlusDataError
+
+    if spec is None:
+        return [None] * len(datasets)
+    if Path(spec).is_dir():
+        out = []
+        for d in datasets:
+            names = [f"{RELEASES[d][0]}.jsonl{ext}" for ext in (".gz", "")]
+            found = [Path(spec) / n for n in names if (Path(spec) / n).is_file()]
+            if not found:
+                raise EvalPlusDataError(f"{spec}: --evalplus-data: no {' or '.join(names)} for --evalplus {d}")
+            out.append(found[0])
+        return out
+    files = [Path(f) for f in spec.split(",")]
+    if len(files) != len(datasets):
+        raise ValueError(f"--evalplus-data {spec}: {len(files)} file(s) for {len(datasets)} datasets "
+                         f"({','.join(datasets)}): give one per dataset, in that order, or a folder holding them")
+    return files
 
 
 def init_distributed() -> str | None:
@@ -61,49 +104,61 @@ def init_distributed() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> dict | None:
+    from data.chat import checkpoint_template
     from models.laneformer.convert import parse_overrides
 
     p = argparse.ArgumentParser(prog="python -m eval.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", required=True, help="run dir, DCP step dir or exported HF folder")
+    p.add_argument("--checkpoint", required=True, help="run dir, DCP step dir (a convert from-hf import too) or exported HF folder")
     p.add_argument("--flavor", help="model flavor (DCP; default: laneformer_config.json)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a model config field (a TOML value, as train.py's --set)")
-    p.add_argument("--tokenizer", help="SentencePiece model or folder for a DCP checkpoint (default: the tiny one)")
+    p.add_argument("--tokenizer", help="tokenizer.model or tokenizer folder (default: the checkpoint's own: an "
+                   "export's or import's files, else the run's recipe.toml [data] tokenizer)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CUDA when present)")
     p.add_argument("--core", metavar="BUNDLE", help="CORE bundle folder (tasks.csv + eval_data/)")
     p.add_argument("--max-per-task", type=int, default=None, help="CORE items per task (default: all)")
     p.add_argument("--core-tasks", help="comma-separated CORE labels (the rest count as missing)")
     p.add_argument("--lm-eval", metavar="TASKS", help="JSON/YAML file of lm-eval task dicts")
     p.add_argument("--humaneval", action="store_true", help="HumanEval pass@k (runs model code in a sandbox)")
-    p.add_argument("--evalplus", choices=["humaneval", "mbpp"], help="HumanEval+ / MBPP+ greedy pass@1, base and plus")
-    p.add_argument("--evalplus-data", metavar="FILE", help="HumanEvalPlus.jsonl(.gz) / MbppPlus.jsonl(.gz)")
+    p.add_argument("--evalplus", type=evalplus_datasets, metavar="humaneval,mbpp",
+                   help="HumanEval+ and/or MBPP+ greedy pass@1, base and plus (a comma list)")
+    p.add_argument("--evalplus-data", metavar="FOLDER|FILE,FILE", help="a folder holding HumanEvalPlus.jsonl(.gz) "
+                   "and MbppPlus.jsonl(.gz), or one release file per --evalplus dataset, in order")
     p.add_argument("--chat", action="store_true", help="EvalPlus instruct prompts through the chat template")
     p.add_argument("--limit", type=int, default=None, help="documents per lm-eval task / HumanEval problems")
     p.add_argument("--samples", type=int, default=1, help="HumanEval samples per problem")
     p.add_argument("--temperature", type=float, default=0.0, help="HumanEval sampling temperature (0: greedy)")
-    p.add_argument("--max-new-tokens", type=int, default=512, help="HumanEval completion length limit")
+    p.add_argument("--max-new-tokens", type=int,
+                   help="completion length limit (default: each benchmark's own: HumanEval 512, EvalPlus 768)")
     p.add_argument("--out", help="write the results as JSON here")
     args = p.parse_args(argv)
+    if not (args.core or args.lm_eval or args.humaneval or args.evalplus):
+        p.error(f"nothing to evaluate: pass {TASK_FLAGS}")
 
     try:  # bad input (a --set, a checkpoint that is not one, a config that does not fit it): exit 2
         overrides = parse_overrides(args.set)
+        evalplus_tasks = None
         if args.evalplus:  # a missing release file is bad input too: say so before loading the model
             from .evalplus import load_tasks
 
-            load_tasks(args.evalplus, args.evalplus_data, args.limit)
+            evalplus_tasks = [load_tasks(d, f, args.limit)
+                              for d, f in zip(args.evalplus, evalplus_files(args.evalplus, args.evalplus_data))]
         device = init_distributed() or args.device
         loaded = load_checkpoint(args.checkpoint, flavor=args.flavor, overrides=overrides,
                                  tokenizer_path=args.tokenizer, device=device)
     except (ValueError, FileNotFoundError) as e:
         p.exit(2, f"error: {e}\n")
     log = print if dist.rank() == 0 else None
+    for note in loaded.notes if log else ():
+        log(note)
     report = run_evals(
         loaded.model_fn, loaded.tokenizer, max_seq_len=loaded.max_seq_len, device=loaded.device,
         core_bundle=args.core, max_per_task=args.max_per_task,
         core_tasks=args.core_tasks.split(",") if args.core_tasks else None,
         lm_eval_tasks=args.lm_eval, limit=args.limit,
         humaneval=args.humaneval, humaneval_limit=args.limit, samples=args.samples,
-        evalplus=args.evalplus, evalplus_data=args.evalplus_data, evalplus_limit=args.limit, chat=args.chat,
+        evalplus=args.evalplus, evalplus_tasks=evalplus_tasks, chat=args.chat,
+        chat_template=checkpoint_template(args.checkpoint) if args.chat else None,  # a run's: the one it tuned with
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, log=log,
     )
     rank = dist.rank()

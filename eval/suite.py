@@ -10,7 +10,7 @@ model should be in eval mode (forwards run under ``torch.no_grad``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -24,7 +24,7 @@ class Report:
     core: CoreResult | None = None
     lm_eval: dict | None = None  # lm-eval's per-task results
     humaneval: object | None = None  # eval.humaneval.HumanEvalResult
-    evalplus: object | None = None  # eval.evalplus.EvalPlusResult
+    evalplus: list | None = None  # eval.evalplus.EvalPlusResult per dataset
 
     def metrics(self) -> dict[str, float]:
         out = {}
@@ -36,8 +36,8 @@ class Report:
             out.update(flat_metrics(self.lm_eval))
         if self.humaneval is not None:
             out.update(self.humaneval.metrics())
-        if self.evalplus is not None:
-            out.update(self.evalplus.metrics())
+        for result in self.evalplus or ():
+            out.update(result.metrics())
         return out
 
 
@@ -45,11 +45,16 @@ def run_evals(model_fn, tokenizer, *, max_seq_len: int, device: torch.device | s
               core_bundle: str | Path | None = None, max_per_task: int | None = 500, core_tasks=None,
               lm_eval_tasks: list[dict] | str | Path | None = None, limit: int | float | None = None,
               humaneval: bool = False, humaneval_limit: int | None = None, samples: int = 1,
-              temperature: float = 0.0, max_new_tokens: int = 512, log: Callable[[str], None] | None = None,
-              evalplus: str | None = None, evalplus_data: str | Path | None = None,
-              evalplus_limit: int | None = None, chat: bool = False) -> Report:
+              temperature: float = 0.0, max_new_tokens: int | None = None, log: Callable[[str], None] | None = None,
+              evalplus: str | Sequence[str] | None = None, evalplus_data: str | Path | None = None,
+              evalplus_limit: int | None = None, evalplus_tasks: Sequence[list[dict]] | None = None,
+              chat: bool = False, chat_template: str | None = None) -> Report:
     """Run the requested evaluations: CORE (``core_bundle``), lm-eval tasks, HumanEval,
-    EvalPlus (``evalplus``: "humaneval" or "mbpp"; ``chat``: its instruct prompts)."""
+    EvalPlus (``evalplus``: "humaneval", "mbpp" or a list of both, read from ``evalplus_data``
+    (one dataset) or given as ``evalplus_tasks`` (one task list per dataset, already loaded);
+    ``chat``: its instruct prompts, through ``chat_template``, a data.chat spec, unless the
+    tokenizer is an export's with its own). ``max_new_tokens`` None: each benchmark's own limit
+    (HumanEval 512, EvalPlus 768, as their harnesses generate)."""
     report = Report()
     if core_bundle is not None:
         report.core = evaluate_core(model_fn, tokenizer, core_bundle, max_seq_len=max_seq_len,
@@ -67,13 +72,20 @@ def run_evals(model_fn, tokenizer, *, max_seq_len: int, device: torch.device | s
 
         report.humaneval = evaluate_humaneval(model_fn, tokenizer, max_seq_len=max_seq_len, device=device,
                                               limit=humaneval_limit, samples=samples, temperature=temperature,
-                                              max_new_tokens=max_new_tokens)
+                                              **({"max_new_tokens": max_new_tokens} if max_new_tokens else {}))
     if evalplus:
         from .evalplus import evaluate_evalplus
 
-        report.evalplus = evaluate_evalplus(model_fn, tokenizer, evalplus, max_seq_len=max_seq_len, device=device,
-                                            data_path=evalplus_data, limit=evalplus_limit, chat=chat,
-                                            max_new_tokens=max_new_tokens)
+        datasets = [evalplus] if isinstance(evalplus, str) else list(evalplus)
+        if evalplus_data is not None and len(datasets) > 1:
+            raise ValueError(f"evalplus_data: one release file for {datasets}; pass evalplus_tasks instead")
+        report.evalplus = [
+            evaluate_evalplus(model_fn, tokenizer, d, max_seq_len=max_seq_len, device=device,
+                              tasks=evalplus_tasks[i] if evalplus_tasks is not None else None,
+                              data_path=evalplus_data, limit=evalplus_limit, chat=chat,
+                              chat_template=chat_template,
+                              **({"max_new_tokens": max_new_tokens} if max_new_tokens else {}))
+            for i, d in enumerate(datasets)]
     return report
 
 

@@ -6,9 +6,12 @@
     python -m launch.slurm logs RUN_DIR [-n 40] [-f]
     python -m launch.slurm cancel RUN_DIR
 
-``submit`` checks the recipe against the world size and, on GPUs, that one
-training step fits their memory (``train.py --plan``; ``--no-plan`` skips it),
-snapshots code and recipe
+``submit`` runs train.py's checks (the recipe against the world size, the
+model, tokenizer, data, ``init_from``, writable dirs; ``--no-preflight`` keeps
+only the model's) and, on GPUs, that one training step fits their memory
+(``train.py --plan``; ``--no-plan`` skips it); any problem: exit 2, nothing
+written or queued. ``--dry-run`` prints the batch script and the same verdict.
+Then it snapshots code and recipe
 into the run dir (``launches/NNN``), freezes the resolved recipe the job will
 train (``launcher/recipe.toml``: editing recipes/ later does not change a queued
 or requeued job), writes ``launcher/job.sbatch`` (see launch/sbatch.py) and
@@ -41,6 +44,32 @@ def job_ids(run: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
 
+def check(recipe: R.Recipe, args, world_size: int):
+    """(problems, model config): train.py's own checks before anything is written (the data,
+    tokenizer, init_from, writable dirs; ``--no-preflight``: only the model, for a login node
+    that cannot see the cluster's data, which the job then checks), then on GPUs the memory
+    plan (``--no-plan`` skips it). Nothing is submitted or recorded when there are problems."""
+    from train.build import model_config, preflight
+
+    if args.no_preflight:
+        try:
+            problems, config = [], model_config(recipe)  # model overrides are checked against the model
+        except R.RecipeError as e:
+            return [str(e)], None
+    else:
+        checked = preflight(recipe, world_size)
+        problems, config = checked.problems, checked.config
+    if args.gpus_per_node and not args.no_plan and config is not None:  # memory per GPU, before the queue
+        from train.plan import plan
+
+        text, fits = plan(recipe, gpus=world_size, gpu=args.gpu)
+        print(text, file=sys.stdout if fits else sys.stderr)
+        if not fits:
+            problems.append(f"{recipe.path}: does not fit {world_size} x {args.gpu} "
+                            "(the plan above); --no-plan submits anyway")
+    return problems, config
+
+
 def submit(args) -> int:
     nproc = args.nproc_per_node or args.gpus_per_node
     if args.nodes < 1 or nproc < 1:
@@ -65,6 +94,12 @@ def submit(args) -> int:
         return 2
     if args.dry_run:
         print(script, end="")
+    problems, config = check(recipe, args, args.nodes * nproc)
+    if problems:
+        print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print("checks: all passed; a submit would queue this job")
         return 0
     active = [j for j in job_ids(run) if job_info(j).get("JobState") in ACTIVE]
     if active:
@@ -72,22 +107,8 @@ def submit(args) -> int:
               f"`python -m launch.slurm cancel {run}` first", file=sys.stderr)
         return 1
 
-    from train.build import model_config
     from train.run_dir import record_launch
 
-    try:
-        config = model_config(recipe)  # model overrides are checked against the model here
-        if args.gpus_per_node and not args.no_plan:  # memory per GPU, before a job waits in the queue
-            from train.plan import plan
-
-            text, fits = plan(recipe, gpus=args.nodes * nproc, gpu=args.gpu)
-            print(text, file=sys.stdout if fits else sys.stderr)
-            if not fits:
-                raise R.RecipeError(f"{recipe.path}: does not fit {args.nodes * nproc} x {args.gpu} "
-                                    "(the plan above); --no-plan submits anyway")
-    except R.RecipeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     launch = record_launch(recipe, config)
     (launcher_dir(run) / "logs").mkdir(parents=True, exist_ok=True)
     (launcher_dir(run) / "recipe.toml").write_text(R.to_toml(recipe))
@@ -172,7 +193,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     s.add_argument("--nccl-socket-ifname", help="NCCL_SOCKET_IFNAME (and GLOO_SOCKET_IFNAME), e.g. ib0")
     s.add_argument("--nccl-ib-hca", help="NCCL_IB_HCA, e.g. mlx5")
     s.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="extra environment")
-    s.add_argument("--dry-run", action="store_true", help="print the batch script, submit nothing")
+    s.add_argument("--dry-run", action="store_true",
+                   help="print the batch script, run every check and the plan, submit nothing")
+    s.add_argument("--no-preflight", action="store_true",
+                   help="check only the model here, not the data, tokenizer and init_from (a login node that "
+                        "cannot see them): the job checks them and fails once if they are missing")
     s.add_argument("--gpu", default="h100", help="GPU kind for the memory plan: h100, h200, a100, mi300x")
     s.add_argument("--no-plan", action="store_true",
                    help="submit without the memory plan (train.py --plan) that refuses a recipe that does not fit")

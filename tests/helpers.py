@@ -376,3 +376,127 @@ def assert_overfits(tmp_path, nproc, compile, ac):
     assert result.returncode == 0, result.stderr[-3000:]
     values = losses(tmp_path / "run")
     assert values[25] < 0.3 * values[1], values
+
+
+# --- a checkpoint's own tokenizer (tests/eval/test_eval_run_cli.py, tests/models/test_generate.py) ---
+
+
+def other_tokenizer(folder: Path) -> Path:
+    """A SentencePiece model with the tiny one's size that is not it: pieces 300 ("an") and 301 ("ce")
+    swap ids, so text with them encodes differently. Written as ``folder/tokenizer.model``."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(TINY_TOKENIZER.read_bytes())
+    a, b = proto.pieces[300], proto.pieces[301]
+    a.piece, b.piece = b.piece, a.piece
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.model").write_bytes(proto.SerializeToString())
+    return folder / "tokenizer.model"
+
+
+def write_tiny_run(run: Path, tokenizer: str | Path | None) -> Path:
+    """A run dir as training leaves it (a random tiny model at checkpoints/step-1, laneformer_config.json,
+    recipe.toml naming ``tokenizer`` in [data], no sources; None: no recipe.toml). Returns the step dir."""
+    from models.laneformer import write_native_config
+    from models.laneformer.hf.checkpoint_io import save_dcp
+
+    model = tiny_random_model(seed=3)
+    step = run / "checkpoints" / "step-1"
+    save_dcp({k: v.detach().clone() for k, v in model.state_dict().items()}, step)
+    write_native_config(model.config, run)
+    if tokenizer is not None:
+        (run / "recipe.toml").write_text(f'[data]\ntokenizer = "{tokenizer}"\n')
+    return step
+
+
+# --- lm-eval toys (tests/eval/test_eval_harness.py, tests/e2e/test_eval_two_ranks.py) ---
+
+MC_DOCS = [
+    {"query": "the sky is", "choices": ["blue", "red"], "gold": 0},  # ln .5 > ln .2: right
+    {"query": "the rose is", "choices": ["red", "dark red"], "gold": 0},  # by the sum, ln .2 > ln .09: right
+    {"query": "the grass is", "choices": ["red", "blue"], "gold": 1},  # right
+    {"query": "the cat", "choices": ["barks", "meows"], "gold": 0},  # meows .7 > barks .05: wrong
+    {"query": "the dog", "choices": ["meows", "sleeps"], "gold": 1},  # sleeps .3 > meows .01: right
+]
+GEN_DOCS = [
+    {"context": "one two", "continuation": "three four"},  # right
+    {"context": "one two", "continuation": "three five"},  # greedy says four: wrong
+    {"context": "four five", "continuation": "six"},  # right
+    {"context": "the dog", "continuation": "barks loudly"},  # cut at "loudly": wrong
+    {"context": "the sky is", "continuation": "blue"},  # right
+]
+
+
+def write_tasks(root: Path) -> Path:
+    """A task file with relative data_files, as a user would write one."""
+    for name, docs in (("mc.jsonl", MC_DOCS), ("gen.jsonl", GEN_DOCS)):
+        (root / name).write_text("".join(json.dumps(d) + "\n" for d in docs))
+    common = {"dataset_path": "json", "test_split": "test"}
+    tasks = [
+        {**common, "task": "toy_mc", "dataset_kwargs": {"data_files": {"test": "mc.jsonl"}},
+         "output_type": "multiple_choice", "doc_to_text": "{{query}}", "doc_to_choice": "{{choices}}",
+         "doc_to_target": "{{gold}}", "metric_list": [{"metric": "acc"}]},
+        {**common, "task": "toy_gen", "dataset_kwargs": {"data_files": {"test": "gen.jsonl"}},
+         "output_type": "generate_until", "doc_to_text": "{{context}}", "doc_to_target": "{{continuation}}",
+         "generation_kwargs": {"until": ["loudly"], "max_gen_toks": 3},
+         "metric_list": [{"metric": "exact_match", "regexes_to_ignore": ["^\\s+|\\s+$"]}]},
+    ]
+    path = root / "tasks.json"
+    path.write_text(json.dumps(tasks))
+    return path
+
+
+# --- EvalPlus toys (tests/eval/test_evalplus.py, tests/e2e/test_eval_two_ranks.py) ---
+
+ADD = {
+    "task_id": "HumanEval/0",
+    "prompt": 'def add(a: int, b: int) -> int:\n    """Return a + b."""\n',
+    "entry_point": "add",
+    "canonical_solution": "    return a + b\n",
+    "base_input": [[1, 2], [3, 4]],
+    "plus_input": [[-5, 2], [0, 0], [10**20, -1]],
+    "atol": 0,
+    "contract": "", "test": "",
+}
+MEAN = {
+    "task_id": "HumanEval/1",
+    "prompt": 'def mean(xs: list) -> float:\n    """Arithmetic mean."""\n',
+    "entry_point": "mean",
+    "canonical_solution": "    return sum(xs) / len(xs)\n",
+    "base_input": [[[1.0, 2.0]], [[0.1, 0.2, 0.3]]],
+    "plus_input": [[[1e-3] * 1000], [[3.0]]],
+    "atol": 0,
+    "contract": "", "test": "",
+}
+# ADD's answer is right, MEAN's passes only the base tests, SUM's is wrong; with 3 tasks on 2 ranks,
+# rank 1 has one task and pads rank 0's second generation with dummy forwards.
+SUM = {**ADD, "task_id": "HumanEval/2", "prompt": 'def add(a: int, b: int) -> int:\n    """The sum of a and b."""\n'}
+ANSWERS = {"HumanEval/0": "    return b + a\n", "HumanEval/1": "    return sum(xs) / len(xs) if len(xs) > 1 else 0.0\n",
+           "HumanEval/2": "    return a - b\n"}
+
+
+class ScriptedPerPrompt:
+    """Scripted, with one target per task: a row follows the target it is a prefix of."""
+
+    def __init__(self, targets: list[list[int]], vocab: int, eos: int):
+        self.targets, self.vocab, self.eos = targets, vocab, eos
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        logits = torch.zeros(*ids.shape, self.vocab)
+        for row, seq in enumerate(ids.tolist()):
+            target = next((t for t in self.targets if t[: len(seq)] == seq), None)
+            for t in range(len(seq)) if target else ():
+                logits[row, t, target[t + 1] if t + 1 < len(target) else self.eos] = 1.0
+        return logits
+
+
+def scripted_evalplus():
+    """EvalPlus on [ADD, MEAN, SUM] with ANSWERS as the model's greedy completions."""
+    from eval import evalplus
+
+    tok = Tokenizer()
+    tasks = [ADD, MEAN, SUM]
+    targets = [tok.encode(evalplus.base_prompt(t) + ANSWERS[t["task_id"]], bos=True) for t in tasks]
+    model = ScriptedPerPrompt(targets, tok.vocab_size, tok.eos_id)
+    return evalplus.evaluate_evalplus(model, tok, "humaneval", max_seq_len=512, tasks=tasks, max_new_tokens=48)

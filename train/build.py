@@ -26,8 +26,10 @@ from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.protocols.model_spec import ModelSpec
 
 import rundir
+from data.chat import resolve_template, template_sha256
 from data.loader import MixtureDataLoader, SentencePieceTokenizer, build_mixture
 from data.mixture import Mixture
+from data.shards import MANIFEST, load_manifest
 from data.tokenizer import Tokenizer, how_to_get
 from models.laneformer import NATIVE_FIELDS, Laneformer, laneformer_configs, model_registry
 from train.cpu import adapt_config
@@ -133,6 +135,8 @@ def preflight(recipe: Recipe, world_size: int) -> Preflight:
             out.mixture = check_data(recipe, out.config, tokenizer)
         except (ValueError, OSError) as e:
             out.problems.append(f"{p}: [data] sources: {e}")
+        else:
+            out.problems += check_chat_templates(recipe)
     if not writable(recipe.output_dir):
         out.problems.append(f"{p}: [run] output_dir: {recipe.output_dir} is not writable")
     if c.export_hf and not writable(Path(c.export_dir)):
@@ -145,6 +149,35 @@ def check_data(recipe: Recipe, config: Laneformer.Config, tokenizer: Tokenizer |
     t = recipe.training
     return build_mixture(recipe.data.sources, tokenizer or Tokenizer(recipe.data.tokenizer), t.seq_len,
                          recipe.run.seed, config.vocab_size, t.steps * t.global_batch)
+
+
+def check_chat_templates(recipe: Recipe) -> list[str]:
+    """Problems of chat sources (training and held-out) against the run's template: a manifest that
+    records another template (trained on one, exported with another), or a ``chat_key`` source
+    tokenized as plain text."""
+    p, d = recipe.path, recipe.data
+    name, jinja = resolve_template(d.chat_template)
+    sha = template_sha256(jinja)
+    where = [(f"[data.sources[{i}]]", s.name, s.path, s.chat_key) for i, s in enumerate(d.sources)]
+    where += [(f"[eval] val_sources[{i}]", Path(v).name, v, None) for i, v in enumerate(recipe.eval.val_sources)]
+    problems = []
+    for table, source, path, chat_key in where:
+        manifest = Path(path) / MANIFEST
+        try:
+            chat = load_manifest(path).get("chat")
+        except ValueError:
+            continue  # a missing or unreadable manifest is reported by the checks that open the source
+        if chat_key and chat is None:
+            problems.append(f"{p}: {table} chat_key: source {source!r} is conversations, but {manifest} has no "
+                            "'chat' entry (tokenized as plain text?); retokenize it with "
+                            f"python -m data.tokenize --recipe {p} --source {source}")
+        elif chat is not None and chat.get("template_sha256") != sha:
+            problems.append(
+                f"{p}: [data] chat_template: the run's template {name} (sha256 {sha[:12]}…) is not the one "
+                f"source {source!r} was tokenized with: {manifest} records chat.template "
+                f"{chat.get('template')!r} (sha256 {str(chat.get('template_sha256'))[:12]}…). Set "
+                "[data] chat_template to that template, or retokenize the source with this one")
+    return problems
 
 
 def wandb_env(recipe: Recipe) -> dict[str, str]:
@@ -162,6 +195,7 @@ def export_hooks(recipe: Recipe) -> list:
         out_dir=recipe.checkpoint.export_dir,
         recipe=Path(recipe.path).name,
         tokenizer_dir=str(Path(recipe.data.tokenizer).parent),
+        chat_template=recipe.data.chat_template,
     )]
 
 
@@ -235,7 +269,7 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
         ),
         comm=CommConfig(),
         debug=DebugConfig(seed=recipe.run.seed, deterministic=recipe.run.deterministic),
-        hooks=[EvalHook.Config(**dataclasses.asdict(recipe.eval)),
+        hooks=[EvalHook.Config(**dataclasses.asdict(recipe.eval), chat_template=recipe.data.chat_template),
                *export_hooks(recipe), PreemptionHook.Config()],  # last: an eval due at the preempted step runs first
         skip_spikes=t.skip_spikes,
         spike_sigmas=t.spike_sigmas,

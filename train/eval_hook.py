@@ -57,7 +57,9 @@ class EvalHook(Configurable):
         evalplus: str | None = None  # "humaneval" or "mbpp"
         evalplus_data: str | None = None  # its release file (eval.evalplus)
         evalplus_limit: int | None = 20  # tasks
-        evalplus_chat: bool = False  # instruct prompts through the chat template
+        evalplus_max_new_tokens: int = 768  # per task: EvalPlus's own limit
+        evalplus_chat: bool = False  # instruct prompts through the chat template ...
+        chat_template: str | None = None  # ... the run's (recipe [data] chat_template, resolved)
 
     def __init__(self, config: Config):
         self.config = config
@@ -133,7 +135,8 @@ class EvalHook(Configurable):
     def evalplus(self, trainer: LaneformerTrainer) -> dict[str, float]:
         c = self.config
         return self._evaluate(trainer, evalplus=c.evalplus, evalplus_data=c.evalplus_data,
-                              evalplus_limit=c.evalplus_limit, chat=c.evalplus_chat)
+                              evalplus_limit=c.evalplus_limit, chat=c.evalplus_chat,
+                              chat_template=c.chat_template, max_new_tokens=c.evalplus_max_new_tokens)
 
     def _evaluate(self, trainer: LaneformerTrainer, **what) -> dict[str, float]:
         from eval.suite import evaluate

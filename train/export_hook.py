@@ -1,8 +1,9 @@
 """At the end of a run, export the final weights as a Hugging Face folder (recipe switch).
 
 Writes ``<run>/hf`` (or ``[checkpoint] export_dir``) with the remote code,
-safetensors, tokenizer files and a model card naming the recipe, the tokens
-seen and the latest eval numbers of the run.
+safetensors, tokenizer files with the run's chat template (the one its chat
+data was tokenized with) and a model card naming the recipe, the tokens seen
+and the latest eval numbers of the run.
 
 It runs after training, once the final checkpoint is on disk, so a failed
 export loses nothing: it raises ``ExportFailed`` on every rank with the
@@ -46,6 +47,7 @@ class ExportHook(Configurable):
         out_dir: str
         recipe: str
         tokenizer_dir: str
+        chat_template: str | None = None  # the run's (recipe [data] chat_template, resolved); None: data.chat's default
         dtype: str = "bfloat16"  # the released checkpoints are bf16
 
     def __init__(self, config: Config):
@@ -57,6 +59,8 @@ class ExportHook(Configurable):
         args = ["python", "-m", "models.laneformer.convert", "to-hf", str(run_dir), c.out_dir,
                 "--tokenizer", c.tokenizer_dir, "--dtype", c.dtype, "--recipe", c.recipe,
                 "--tokens-seen", str(tokens), "--overwrite"]
+        if c.chat_template is not None:
+            args += ["--chat-template", c.chat_template]
         return shlex.join(args)
 
     def after_train(self, trainer: LaneformerTrainer) -> None:
@@ -90,4 +94,4 @@ class ExportHook(Configurable):
         c = self.config
         card = ModelCard(recipe=c.recipe, step=trainer.step, tokens_seen=tokens, evals=latest_evals(run_dir))
         return to_hf(trainer.model_parts[0], c.out_dir, tokenizer_dir=c.tokenizer_dir, card=card,
-                     dtype=getattr(torch, c.dtype), overwrite=True)
+                     dtype=getattr(torch, c.dtype), overwrite=True, chat_template=c.chat_template)

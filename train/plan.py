@@ -598,6 +598,17 @@ class Speed:
         return f"{label}: {self.tokens_per_s:,.0f} tokens/s/GPU, MFU {self.mfu:.1%} ({ROOFLINE_NOTE})"
 
 
+def _shard_dim(placement, param: torch.Tensor) -> int:
+    """The dim FSDP splits ``param`` on under ``placement`` (a shard_placement_fn or None: dim 0)."""
+    chosen = placement(param) if placement else None
+    return chosen.dim if chosen is not None else 0
+
+
+def _shard_numel(param: torch.Tensor, dim: int, gpus: int) -> int:
+    """Elements of one GPU's FSDP shard of ``param`` split on ``dim`` (the padded, largest shard)."""
+    return -(-param.shape[dim] // gpus) * param.numel() // param.shape[dim]
+
+
 def roofline(config, shape: Shape, gpu: Gpu, *, accumulation: int = 1, dense_twin: bool = False) -> Speed:
     """Roofline time of one step on one GPU: ``accumulation`` micro batches of the unsharded
     model (or its equal-parameter dense twin, with the same attention work) and the
@@ -605,6 +616,7 @@ def roofline(config, shape: Shape, gpu: Gpu, *, accumulation: int = 1, dense_twi
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from models.laneformer.dense_twin import llama3_twin
+    from models.laneformer.parallelize import lane_placement
 
     dtype = getattr(torch, shape.param_dtype)
     with FakeTensorMode():
@@ -615,8 +627,10 @@ def roofline(config, shape: Shape, gpu: Gpu, *, accumulation: int = 1, dense_twi
         tokens, labels = _batch(config.vocab_size, shape, "cpu")
         with _Where(model) as where, _Costs(gpu, where) as costs:
             _loss(model(tokens), labels).backward()
-        # The optimizer runs once per step on this GPU's FSDP shard: fp32, dim 0 split over the GPUs.
-        shards = [torch.empty(-(-p.shape[0] // shape.gpus) * p[0].numel(), requires_grad=True)
+        # The optimizer runs once per step on this GPU's FSDP shard (fp32), split on the dim
+        # parallelize.lane_placement gives each parameter (lane weights: dim 1 beyond n_lanes GPUs).
+        placement = lane_placement(config.n_lanes, shape.gpus)
+        shards = [torch.empty(_shard_numel(p, _shard_dim(placement, p), shape.gpus), requires_grad=True)
                   for p in model.parameters()]
         for s in shards:
             s.grad = torch.empty_like(s)

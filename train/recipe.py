@@ -11,6 +11,8 @@ Sizes may be given in steps or in tokens (``total_tokens`` / ``steps``,
 ``warmup_tokens``): exactly one of each pair, resolved by ``resolve()``, which
 also makes every path absolute (relative paths are relative to the repo).
 ``[[data.sources]]`` parse straight into ``data.mixture.SourceSpec``.
+``[data] chat_template`` is resolved to the one template the run uses (see
+data.chat for the order) and checked to exist, so the resolved recipe says which.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from data.chat import TEMPLATES, check_template, checkpoint_template, resolve_template
 from data.mixture import MixtureError, SourceSpec
 from rundir import EXPORT_DIR, REPO, parse_set
 
@@ -54,6 +57,9 @@ class Model:
 @dataclass(kw_only=True)
 class Data:
     tokenizer: str  # the SentencePiece .model the shards were made with
+    # Chat template (data.chat): a name, a .jinja file, or an HF folder / tokenizer_config.json.
+    # Unset: the initial checkpoint's own, else data.chat.DEFAULT; resolve() records which.
+    chat_template: str | None = None
     sources: list[SourceSpec] = field(default_factory=list)  # [[data.sources]]
 
 
@@ -142,6 +148,7 @@ class Eval:
     evalplus_data: str | None = None  # HumanEvalPlus.jsonl(.gz) / MbppPlus.jsonl(.gz)
     evalplus_limit: int | None = 20
     evalplus_chat: bool = False  # instruct prompts through the chat template
+    evalplus_max_new_tokens: int = 768  # per task: EvalPlus's own limit (eval.evalplus.MAX_NEW_TOKENS)
 
 
 @dataclass(kw_only=True)
@@ -320,6 +327,7 @@ def resolve(recipe: Recipe) -> None:
     e.evalplus_data = e.evalplus_data and str(absolute(e.evalplus_data))
     c.init_from = c.init_from and str(absolute(c.init_from))
     c.export_dir = str(absolute(c.export_dir or recipe.output_dir / EXPORT_DIR))
+    d.chat_template = chat_template(recipe)
 
     t, s, o = recipe.training, recipe.schedule, recipe.optimizer
 
@@ -384,10 +392,33 @@ def resolve(recipe: Recipe) -> None:
         fail("eval", "every must be >= 0, val_samples and core_max_per_task > 0")
     if e.evalplus not in (None, "humaneval", "mbpp"):
         fail("eval", f"evalplus: {e.evalplus!r} is not 'humaneval' or 'mbpp'")
+    if e.evalplus_max_new_tokens <= 0 or (e.evalplus_limit is not None and e.evalplus_limit <= 0):
+        fail("eval", "evalplus_max_new_tokens and evalplus_limit must be > 0")
     if recipe.logging.interval <= 0:
         fail("logging", f"interval: must be > 0 (got {recipe.logging.interval})")
     if recipe.parallel.replicate < 1 or recipe.parallel.shard == 0 or recipe.parallel.shard < -1:
         fail("parallel", "replicate must be >= 1 and shard >= 1 or -1")
+
+
+def chat_template(recipe: Recipe) -> str:
+    """The run's chat template as a data.chat spec: ``[data] chat_template`` (a name, or a path made
+    absolute), else the template ``[checkpoint] init_from`` carries, else data.chat.DEFAULT; it must resolve."""
+    spec, init = recipe.data.chat_template, recipe.checkpoint.init_from
+    where = f"{recipe.path}: [data] chat_template"
+    if spec is None and init:
+        where += f" (unset, so the template of [checkpoint] init_from {init})"
+    try:
+        if spec is None:
+            spec = (init and checkpoint_template(init)) or resolve_template()[0]
+        elif spec not in TEMPLATES:
+            spec = str(absolute(spec))
+        check_template(spec)
+    except FileNotFoundError:
+        raise RecipeError(f"{where}: {recipe.data.chat_template or spec!r} is neither a template name ({', '.join(TEMPLATES)}) "
+                          f"nor an existing .jinja file, HF folder or tokenizer_config.json") from None
+    except (OSError, ValueError) as e:
+        raise RecipeError(f"{where}: {e}") from None
+    return spec
 
 
 def check_world(recipe: Recipe, world_size: int) -> int:

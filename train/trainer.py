@@ -316,12 +316,21 @@ def run_summary(recipe: Recipe, recipe_arg: str, sets: list[str]) -> str:
     loss = last_logged(run, "loss_metrics/global_avg_loss")
     val = (latest_evals(run) or {}).get("eval/val_loss")
     again = shlex.join(["python", "train.py", "--recipe", recipe_arg, *(f"--set={s}" for s in sets)])
+    e, fetch = recipe.eval, []
+    if e.evalplus:  # an SFT run: Kog's two code benchmarks
+        tasks = ["--evalplus", "humaneval,mbpp", *(["--chat"] if e.evalplus_chat else [])]
+    else:
+        tasks = ["--core", e.core_bundle or "core_bundle", "--max-per-task", "100"]
+        if not e.core_bundle:
+            fetch = ["  (get the CORE bundle once: python -m eval.core_data fetch core_bundle)"]
     return "\n".join([
         f"run dir: {run}",
         f"final loss: {loss[1]:.4f} at step {loss[0]}" if loss else "final loss: not logged",
         *([f"validation loss: {val:.4f}"] if val is not None else []),
         "next:",
+        f"  export:   written to {out}" if recipe.checkpoint.export_hf else
         f"  export:   python -m models.laneformer.convert to-hf {shlex.quote(str(run))} {shlex.quote(str(out))}",
-        f"  evaluate: python -m eval.run --checkpoint {shlex.quote(str(run))}",
+        f"  evaluate: {shlex.join(['python', '-m', 'eval.run', '--checkpoint', str(out), *tasks])}",
+        *fetch,
         f"  resume (after a stop) or train longer: {again} [--set training.steps=N]",
     ])

@@ -1,6 +1,7 @@
 """Convert Laneformer checkpoints to and from Hugging Face format.
 
     python -m models.laneformer.convert to-hf <run dir | step dir> <out dir> [--flavor NAME] [--set field=value ...]
+        [--tokenizer DIR] [--chat-template SPEC]
     python -m models.laneformer.convert from-hf <hf dir> <out dir> [--set field=value ...] [--ignore-key KEY ...]
 
 ``to-hf`` reads a torchtitan DCP checkpoint (the latest complete
@@ -11,7 +12,10 @@ given, else from ``laneformer_config.json`` in the step dir or the run dir;
 tokenizer is ``--tokenizer`` if given, else the tokenizer files an import
 left in the step dir, else the run's resolved recipe (``recipe.toml``,
 ``[data] tokenizer``), checked against the fingerprint in the run's data
-manifests.
+manifests. Its chat template is ``--chat-template`` if given, else the
+checkpoint's own (an import's, else the run's ``recipe.toml``
+``[data] chat_template``: the template it was tuned with), else data.chat's
+default.
 
 ``from-hf`` turns a released-layout folder into a DCP checkpoint plus
 ``laneformer_config.json`` (see ``hf/import_hf.py``). It works out which
@@ -36,6 +40,7 @@ from pathlib import Path
 import torch
 
 import rundir
+from data.chat import DEFAULT, checkpoint_template, folder_template, resolve_template
 from rundir import MODEL_CONFIG_FILE as CONFIG_FILE
 from rundir import step_number
 
@@ -107,7 +112,8 @@ def resolve_tokenizer(step: Path) -> tuple[Path, list[str]]:
         found = json.loads(manifest.read_text())["tokenizer"]["fingerprint"]
         if found != expected:
             raise ValueError(f"{recipe_file}: [data] tokenizer: {model} has fingerprint {expected[:16]}…, but "
-                             f"{manifest} says the run's data was tokenized with {found[:16]}…")
+                             f"{manifest} says the run's data was tokenized with {found[:16]}…; "
+                             "pass --tokenizer DIR (the one it was)")
         checked += 1
     notes.insert(0, f"tokenizer {model} (from {recipe_file}; fingerprint matches {checked} data manifest(s))")
     return model, notes
@@ -124,6 +130,10 @@ def to_hf_command(args) -> None:
         tokenizer, notes = Path(args.tokenizer), []
     else:
         tokenizer, notes = resolve_tokenizer(step)
+    template = args.chat_template or checkpoint_template(step)
+    resolve_template(template)  # a bad --chat-template fails before the weights are read
+    notes.append(f"chat template: {template} (from {'--chat-template' if args.chat_template else 'the checkpoint'})"
+                 if template else f"chat template: {DEFAULT} (the project default; the checkpoint names none)")
     state_dict = load_dcp(step, config)
     card = ModelCard(
         recipe=args.recipe,
@@ -138,6 +148,7 @@ def to_hf_command(args) -> None:
         dtype=None if args.dtype == "keep" else getattr(torch, args.dtype),
         max_shard_bytes=parse_size(args.max_shard_size),
         overwrite=args.overwrite,
+        chat_template=template,
     )
     _, why = laneformer_tp_keys(config)
     notes.append("Kog's laneformer_tp code reads this export: " + ("yes (its keys are in config.json)" if not why
@@ -152,6 +163,10 @@ def from_hf_command(args) -> None:
                        ignorable=tuple(args.ignore_key))
     for line in report.lines():
         print(line)
+    own = folder_template(args.out)
+    print(f"chat template: the release's, kept in {own} (SFT from this checkpoint uses it unless the recipe "
+          "sets [data] chat_template)" if own else
+          f"chat template: the release has none; SFT from this checkpoint uses the recipe's or {DEFAULT}")
     print(f"wrote {args.out}")
 
 
@@ -169,6 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     to.add_argument("--recipe", help="recipe name for the model card")
     to.add_argument("--tokens-seen", type=int, help="training tokens, for the model card")
     to.add_argument("--evals", help="JSON file {task: score} for the model card")
+    to.add_argument("--chat-template", metavar="SPEC", help="data.chat template name, .jinja file or HF folder "
+                    "(default: the checkpoint's: an import's own, else the run's recipe.toml [data] chat_template)")
     to.set_defaults(run=to_hf_command)
 
     frm = sub.add_parser("from-hf", help="HF folder (released layout) -> DCP checkpoint + laneformer_config.json")

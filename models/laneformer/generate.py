@@ -400,19 +400,6 @@ def compare_with_tp(config, weights, lanes, device, dtype, group, prompt: list[i
 # --- CLI ------------------------------------------------------------------------------------------
 
 
-def load_tokenizer(path: Path, tokenizer_path: str | None):
-    """The HF folder's own tokenizer, else the project's SentencePiece model (``--tokenizer``, default tiny)."""
-    if is_hf_folder(path) and tokenizer_path is None:
-        from transformers import AutoTokenizer
-
-        from eval.load import HFTokenizer
-
-        return HFTokenizer(AutoTokenizer.from_pretrained(str(path)))
-    from data.tokenizer import Tokenizer
-
-    return Tokenizer(tokenizer_path)
-
-
 def main(argv: list[str] | None = None) -> list[int]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="HF folder, run dir or DCP step dir")
@@ -421,7 +408,8 @@ def main(argv: list[str] | None = None) -> list[int]:
     p.add_argument("--lane-parallel", action="store_true", help="under torchrun: this rank's lanes only")
     p.add_argument("--flavor", default=None, help="DCP checkpoints: the flavor (default: laneformer_config.json)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a model field")
-    p.add_argument("--tokenizer", default=None, help="SentencePiece model (DCP checkpoints; default: the tiny one)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer.model or tokenizer folder (default: the checkpoint's "
+                   "own: an export's or import's files, else the run's recipe.toml [data] tokenizer)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--no-tp-baseline", action="store_true", help="skip the delay-0 timing comparison")
     args = p.parse_args(argv)
@@ -442,8 +430,13 @@ def main(argv: list[str] | None = None) -> list[int]:
     try:
         config = read_config(path, args.flavor, parse_overrides(args.set))
         lanes = lane_range(config.n_lanes, rank, world)
+        # eval.run's rule: the checkpoint's own tokenizer, never a default
+        from eval.load import checkpoint_tokenizer
+
+        tokenizer, notes = checkpoint_tokenizer(path, args.tokenizer, config.vocab_size)
+        for note in notes if rank == 0 else ():
+            print(note, file=sys.stderr)
         weights = read_weights(path, config, lanes)
-        tokenizer = load_tokenizer(path, args.tokenizer)
         prompt = tokenizer.encode(args.prompt, bos=True)
         decoder = LaneDecoder(config, weights, lanes, device, dtype, group)
         out = greedy(decoder, prompt, args.max_new_tokens, tokenizer.eos_id)

@@ -175,3 +175,124 @@ def test_tokenized_chat_shards_hold_transformers_ids_and_masks(tmp_path, sp, hf)
     for row, k in zip(np.flatnonzero(chat_rows), mix.locate(np.arange(8))[1][chat_rows]):
         window = slice(int(k) * 32 + 1, int(k) * 32 + 33)
         assert batch["labels"][row].tolist() == np.where(masks[window] == 1, tokens[window], IGNORE_INDEX).tolist()
+
+
+def test_a_recipe_template_travels_from_the_shards_to_the_export(tmp_path, capsys):
+    """A recipe's own .jinja template: the chat source is tokenized with it (data.tokenize --recipe
+    --source, no extra flags), the run's recipe.toml records it, and ``convert to-hf`` of the run
+    writes it into tokenizer_config.json, where transformers' apply_chat_template gives the shard ids."""
+    from transformers import AutoTokenizer
+
+    from data import tokenize
+    from data.shards import open_source
+    from eval.evalplus import chat_prompt_ids
+    from eval.load import HFTokenizer
+    from models.laneformer import write_native_config
+    from models.laneformer.convert import main as convert_main
+    from models.laneformer.hf.checkpoint_io import save_dcp
+    from rundir import RECIPE_FILE
+    from tests.helpers import tiny_random_model
+    from train import recipe as R
+    from train.build import export_hooks
+
+    template = LLAMA2.replace("'[INST] '", "'### User:\\n'").replace("' [/INST]'", "'\\n### Assistant:'")
+    (tmp_path / "mine.jinja").write_text(template)
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "chat.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in CONVERSATIONS))
+    recipe = tmp_path / "sft.toml"
+    recipe.write_text(f"""
+[run]
+name = "t"
+output_dir = "{tmp_path / 'run'}"
+[model]
+flavor = "tiny"
+[data]
+tokenizer = "{TINY_TOKENIZER}"
+chat_template = "{tmp_path / 'mine.jinja'}"
+[[data.sources]]
+name = "chat"
+hub_id = "{tmp_path / 'raw'}"
+chat_key = "messages"
+path = "{tmp_path / 'tok'}"
+weight = 1.0
+[optimizer]
+lr = 1e-3
+[training]
+seq_len = 64
+global_batch = 2
+steps = 1
+[checkpoint]
+export_hf = true
+""")
+    tokenize.main(["--recipe", str(recipe), "--source", "chat"])
+    manifest = json.loads((tmp_path / "tok" / "manifest.json").read_text())
+    assert manifest["chat"]["template"] == str(tmp_path / "mine.jinja") and manifest["loss_mask"] is True
+
+    # A finished run of that recipe: its resolved recipe, model config and one checkpoint.
+    r = R.load(str(recipe))
+    assert export_hooks(r)[0].chat_template == str(tmp_path / "mine.jinja")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / RECIPE_FILE).write_text(R.to_toml(r))
+    model = tiny_random_model()
+    write_native_config(model.config, run)
+    save_dcp(model.state_dict(), run / "checkpoints" / "step-1")
+    convert_main(["to-hf", str(run), str(tmp_path / "hf")])
+    assert f"chat template: {tmp_path / 'mine.jinja'} (from the checkpoint)" in capsys.readouterr().out
+
+    assert json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())["chat_template"] == template
+    hf = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    (shard,) = open_source(tmp_path / "tok").shards
+    for d, conv in enumerate(CONVERSATIONS):
+        ref = hf.apply_chat_template(conv, return_dict=True, return_assistant_tokens_mask=True)
+        assert shard.document(d).tolist() == ref["input_ids"]
+        start = int(shard.doc_ends[d - 1]) if d else 0
+        assert shard.loss[start : int(shard.doc_ends[d])].tolist() == ref["assistant_masks"]
+    assert hf.apply_chat_template(CONVERSATIONS[0])["input_ids"] != render(CONVERSATIONS[0], Tokenizer(TINY_TOKENIZER))[0]
+
+    # EvalPlus instruct prompts: in the loop (native tokenizer, the run's template) as eval.run on the export.
+    task = {"prompt": 'def add(a, b):\n    """Return a + b."""\n'}
+    in_loop = chat_prompt_ids(task, Tokenizer(TINY_TOKENIZER), r.data.chat_template)
+    assert in_loop == chat_prompt_ids(task, HFTokenizer(hf)) != chat_prompt_ids(task, Tokenizer(TINY_TOKENIZER))
+
+
+def test_a_folder_template_is_found_as_transformers_finds_it_and_folded_on_export(tmp_path):
+    """chat_template.jinja wins over tokenizer_config.json's entry (transformers' order); add_to_hf_folder
+    keeps a folder's own template unless told otherwise and leaves one place for it."""
+    from transformers import AutoTokenizer
+
+    from data.chat import TEMPLATE_FILE, add_to_hf_folder, folder_template
+
+    other = LLAMA2.replace("'[INST] '", "'Q: '")
+    save_hf_tokenizer(TINY_TOKENIZER, tmp_path)
+    assert folder_template(tmp_path) is None
+    add_to_hf_folder(tmp_path)  # none of its own: the project default
+    assert resolve_template(tmp_path)[1] == LLAMA2
+    (tmp_path / TEMPLATE_FILE).write_text(other)
+    assert resolve_template(tmp_path)[1] == other == AutoTokenizer.from_pretrained(str(tmp_path)).chat_template
+    add_to_hf_folder(tmp_path)  # its own is kept, folded into tokenizer_config.json
+    assert not (tmp_path / TEMPLATE_FILE).exists() and folder_template(tmp_path).name == "tokenizer_config.json"
+    assert AutoTokenizer.from_pretrained(str(tmp_path)).chat_template == other
+    add_to_hf_folder(tmp_path, "llama2")  # an explicit one replaces it
+    assert AutoTokenizer.from_pretrained(str(tmp_path)).chat_template == LLAMA2
+
+
+def test_bundled_chat_source_regenerates_byte_identical(tmp_path):
+    """assets/chat is what `python -m data.make_sample_chat` writes: the same files, byte for byte
+    (raw conversations, manifests with their shard checksums, token, index, loss-mask and metadata files).
+    A fresh process, as documented: torch (imported by this test session) replaces inspect.getfile."""
+    import subprocess
+    import sys
+
+    from data.shards import verify_checksums
+    from tests.helpers import REPO
+
+    bundled = REPO / "assets" / "chat"
+    subprocess.run([sys.executable, "-m", "data.make_sample_chat", "--out", str(tmp_path)], cwd=REPO, check=True,
+                   capture_output=True)
+    files = sorted(p.relative_to(bundled) for p in bundled.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    for name in ("train", "heldout"):
+        verify_checksums(tmp_path / name)  # the regenerated files match the checksums their manifest lists
+    stale = [str(f) for f in files if (tmp_path / f).read_bytes() != (bundled / f).read_bytes()]
+    assert not stale, f"assets/chat differs from a fresh `python -m data.make_sample_chat`: {stale}"

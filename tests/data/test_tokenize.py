@@ -150,7 +150,7 @@ def test_slurm_submission_runs_on_nodes(tmp_path):
     make_corpus(tmp_path / "in", 60)
     env = {"PATH": f"{fake}:/usr/bin:/bin", "FAKE_SLURM_DIR": str(jobs), "HOME": str(tmp_path)}
     cmd = [sys.executable, "-m", "data.tokenize", "--input", str(tmp_path / "in"), "--out", str(tmp_path / "out"),
-           "--tasks", "2", "--slurm", "--partition", "cpu", "--time", "1:00:00", "--sbatch-arg", "signal=USR1@60"]
+           "--tokenizer", str(TINY_TOKENIZER), "--tasks", "2", "--slurm", "--partition", "cpu", "--time", "1:00:00", "--sbatch-arg", "signal=USR1@60"]
     subprocess.run(cmd, check=True, env=env, cwd=Path(tokenize.__file__).parent.parent, capture_output=True)
     scripts = {p.stem: p.read_text() for p in jobs.glob("*.sh")}
     array = [k for k, v in scripts.items() if "launch_pickled_pipeline" in v and "/out/logs/" in v]
@@ -223,3 +223,13 @@ def test_a_recipe_source_that_cannot_be_tokenized_is_refused(tmp_path, block, so
     result = subprocess.run([sys.executable, "-m", "data.tokenize", "--recipe", str(recipe), "--source", source],
                             cwd=Path(tokenize.__file__).parent.parent, capture_output=True, text=True)
     assert result.returncode == 2 and f"{recipe}: [[data.sources]]" in result.stderr and message in result.stderr
+
+
+def test_input_needs_a_tokenizer(tmp_path, capsys):
+    """No silent default: shards made with the tiny test tokenizer would not fit a real run's model."""
+    make_corpus(tmp_path / "in", 3)
+    with pytest.raises(SystemExit) as exit_:
+        tokenize.main(["--input", str(tmp_path / "in"), "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    assert "--input needs --tokenizer" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -1,6 +1,7 @@
 """SFT end to end on CPU: tiny-sft.toml from an HF export, exported again with the chat template;
 transformers' apply_chat_template gives the ids the training shards hold, generation stops at the
-end-of-turn token, and eval.run scores the export on EvalPlus instruct prompts."""
+end-of-turn token; the in-loop eval runs a 2-task EvalPlus subset at its steps, and eval.run scores the
+export on the same instruct prompts alike."""
 
 from __future__ import annotations
 
@@ -47,10 +48,22 @@ def test_tiny_sft_export_chat_template_generation_and_evalplus(tmp_path):
     model = tiny_random_model()
     export_hf(model.state_dict(), model.config, base, tokenizer_dir=TINY_TOKENIZER.parent)
     hf = tmp_path / "hf"
+    # A HumanEval+ release file of 2 tasks for the in-loop EvalPlus subset (instruct prompts) and eval.run.
+    tasks = [{"task_id": "HumanEval/0", "prompt": 'def add(a, b):\n    """Return a + b."""\n', "entry_point": "add",
+              "canonical_solution": "    return a + b\n", "base_input": [[1, 2]], "plus_input": [[-1, 5]], "atol": 0},
+             {"task_id": "HumanEval/1", "prompt": 'def neg(x):\n    """Return -x."""\n', "entry_point": "neg",
+              "canonical_solution": "    return -x\n", "base_input": [[3]], "plus_input": [[0.5]], "atol": 0}]
+    data = tmp_path / "HumanEvalPlus.jsonl"
+    data.write_text("".join(json.dumps(t) + "\n" for t in tasks))
     result = train("tiny-sft.toml", f"run.output_dir={tmp_path / 'sft'}", "training.steps=6", "logging.interval=1",
                    "schedule.warmup_steps=1", "eval.every=3", f"checkpoint.init_from={base}",
-                   "checkpoint.export_hf=true", f"checkpoint.export_dir={hf}", "checkpoint.interval=6")
+                   "checkpoint.export_hf=true", f"checkpoint.export_dir={hf}", "checkpoint.interval=6",
+                   "eval.evalplus=humaneval", f"eval.evalplus_data={data}", "eval.evalplus_limit=2",
+                   "eval.evalplus_chat=true", "eval.evalplus_max_new_tokens=8")
     assert result.returncode == 0, result.stderr[-3000:]
+    # [data] chat_template unset: the run took the template its initial checkpoint carries, and says so.
+    assert tomllib.loads((tmp_path / "sft" / "recipe.toml").read_text())["data"]["chat_template"] == \
+        str(base / "tokenizer_config.json")
     values = losses(tmp_path / "sft")
     # Step 1's loss is the base model's mean cross-entropy over the answers' tokens of the first batch
     # (the mixture as the recipe builds it), with the prompt and markup labels ignored.
@@ -64,7 +77,17 @@ def test_tiny_sft_export_chat_template_generation_and_evalplus(tmp_path):
     masked = F.cross_entropy(logits.flatten(0, 1).float(), labels).item()  # ignore_index -100: the masked labels
     assert (labels == -100).sum() > 100 and values[1] == pytest.approx(masked, rel=1e-4)
     assert sorted(values) == list(range(1, 7)) and all(v == v and v < 20 for v in values.values())
-    assert "eval/val_loss" in metrics(tmp_path / "sft")[6]
+    # The in-loop eval at steps 3 and 6: validation loss and the EvalPlus subset, logged and written, no errors.
+    logged = metrics(tmp_path / "sft")
+    for step in (3, 6):
+        written = json.loads((tmp_path / "sft" / "evals" / f"step-{step}.json").read_text())
+        assert written["errors"] == [] and written["step"] == step
+        for key in ("eval/val_loss", "humaneval/pass@1", "humaneval+/pass@1"):
+            assert logged[step][key] == written["metrics"][key]
+        # pass@1 over 2 tasks: 0, 1/2 or 1; plus passes only where base passes.
+        assert written["metrics"]["humaneval/pass@1"] in (0.0, 0.5, 1.0)
+        assert written["metrics"]["humaneval+/pass@1"] in (0.0, 0.5, 1.0)
+        assert written["metrics"]["humaneval+/pass@1"] <= written["metrics"]["humaneval/pass@1"]
 
     # The export carries the template; transformers renders the training shards' ids.
     tok = AutoTokenizer.from_pretrained(str(hf))
@@ -89,12 +112,9 @@ def test_tiny_sft_export_chat_template_generation_and_evalplus(tmp_path):
     out = model.generate(prompt, max_new_tokens=20, do_sample=False, logits_processor=[EndTurnAfter()])
     assert out.shape[1] == prompt.shape[1] + 4 and out[0, -1].item() == 2
 
-    # eval.run --evalplus on the export, instruct prompts through its chat template.
-    task = {"task_id": "HumanEval/0", "prompt": 'def add(a, b):\n    """Return a + b."""\n', "entry_point": "add",
-            "canonical_solution": "    return a + b\n", "base_input": [[1, 2]], "plus_input": [[-1, 5]], "atol": 0}
-    data = tmp_path / "HumanEvalPlus.jsonl"
-    data.write_text(json.dumps(task) + "\n")
+    # eval.run --evalplus on the export, instruct prompts through its chat template: the same scores as the
+    # in-loop eval after the last step (same weights, tasks, prompt ids and generation limit).
     report = eval_run.main(["--checkpoint", str(hf), "--evalplus", "humaneval", "--evalplus-data", str(data),
-                            "--chat", "--limit", "1", "--max-new-tokens", "8", "--device", "cpu"])
-    assert set(report["metrics"]) == {"humaneval/pass@1", "humaneval+/pass@1"}
-    assert report["evalplus"]["chat"] is True and "HumanEval/0" in report["evalplus"]["solutions"]
+                            "--chat", "--limit", "2", "--max-new-tokens", "8", "--device", "cpu"])
+    assert report["metrics"] == {k: logged[6][k] for k in ("humaneval/pass@1", "humaneval+/pass@1")}
+    assert report["evalplus"]["chat"] is True and set(report["evalplus"]["solutions"]) == {"HumanEval/0", "HumanEval/1"}

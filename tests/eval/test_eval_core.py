@@ -1,29 +1,25 @@
-"""CORE (eval.core): decisions checked by hand on toy tasks, the real bundle, and 2 ranks.
+"""CORE (eval.core): decisions checked by hand on toy tasks, and the real bundle (on two
+ranks: tests/e2e/test_eval_two_ranks.py).
 
 The toy model is a bigram table over a word-level tokenizer, so every
-continuation's mean cross-entropy is a sum of -ln p written in the test. Also
-run as a torchrun worker: ``python tests/eval/test_eval_core.py --worker OUT_DIR``.
+continuation's mean cross-entropy is a sum of -ln p written in the test.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import random
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a torchrun worker too
-from eval.core import centered, evaluate_core, score_task  # noqa: E402
-from eval.core_data import CORE_LABELS, CoreTask, load_items, read_manifest  # noqa: E402
-from eval.core_prompts import build, crop_left, fewshot_examples, render  # noqa: E402
-from tests.helpers import (  # noqa: E402
-    BUNDLE, LM_ITEMS, MC_ITEMS, PROBS, REPO, SCHEMA_ITEMS, TOY, WORDS, Bigram, WordTokenizer, needs_bundle,
+from eval.core import centered, evaluate_core, score_task
+from eval.core_data import CORE_LABELS, CoreTask, load_items, read_manifest
+from eval.core_prompts import build, crop_left, fewshot_examples, render
+from tests.helpers import (
+    BUNDLE, LM_ITEMS, MC_ITEMS, PROBS, SCHEMA_ITEMS, TOY, WORDS, Bigram, WordTokenizer, needs_bundle,
     tiny_random_model, write_toy_core_bundle,
 )
+
 
 def toy_task(task_type: str, shots: int = 0, delimiter: str = " ") -> CoreTask:
     return CoreTask(label=f"toy_{task_type}", type=task_type, shots=shots, delimiter=delimiter,
@@ -150,45 +146,3 @@ def test_real_bundle_partial_core():
     assert summary.startswith("partial CORE (18/22): v1 ") and "missing: hellaswag_zeroshot, hellaswag, squad, coqa" in summary
     metrics = result.metrics()
     assert "core/CORE_v1" not in metrics and math.isfinite(metrics["core/partial_CORE_v2"])
-
-
-TWO_RANK_TASKS = ["copa", "winograd", "bigbench_operators", "arc_easy"]  # MC, schema, LM (10-shot), MC
-
-
-def two_rank_worker(out_dir: Path) -> None:
-    import torch.distributed as tdist
-
-    from data.tokenizer import Tokenizer
-
-    tdist.init_process_group("gloo")
-    model = tiny_random_model()
-    calls = {"n": 0}
-
-    def model_fn(ids):
-        calls["n"] += 1
-        return model(ids)
-
-    result = evaluate_core(model_fn, Tokenizer(), BUNDLE, max_seq_len=256, max_per_task=5, labels=TWO_RANK_TASKS)
-    (out_dir / f"rank{tdist.get_rank()}.json").write_text(json.dumps({"metrics": result.metrics(), "forwards": calls["n"]}))
-    tdist.destroy_process_group()
-
-
-@needs_bundle
-@pytest.mark.slow
-def test_two_ranks_equal_one_rank(tmp_path):
-    from data.tokenizer import Tokenizer
-
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(Path(__file__).resolve()), "--worker", str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    single = evaluate_core(tiny_random_model(), Tokenizer(), BUNDLE, max_seq_len=256, max_per_task=5,
-                           labels=TWO_RANK_TASKS).metrics()
-    assert ranks[0]["metrics"] == ranks[1]["metrics"] == single
-    # 5 items on 2 ranks: 3 forwards each per task, rank 1 padding with one dummy forward
-    assert ranks[0]["forwards"] == ranks[1]["forwards"] == 3 * len(TWO_RANK_TASKS)
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
-    two_rank_worker(Path(sys.argv[2]))

@@ -1,4 +1,5 @@
-"""lm-eval through eval.lm_harness, offline; the same on an exported HF folder; eval.run end to end.
+"""lm-eval through eval.lm_harness, offline; the same on an exported HF folder; eval.run end to end
+(on two ranks: tests/e2e/test_eval_two_ranks.py).
 
 The toy bigram model and word tokenizer of tests/helpers.py make every
 log-likelihood and greedy continuation computable by hand.
@@ -8,19 +9,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import sys
 from pathlib import Path
 
 import pytest
+from lm_eval.api.instance import Instance
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a torchrun worker too
-from tests.helpers import BUNDLE, PROBS, REPO, WORDS, Bigram, WordTokenizer, needs_bundle, tiny_random_model  # noqa: E402
-
-pytest.importorskip("lm_eval")
-from lm_eval.api.instance import Instance  # noqa: E402
-
-from eval.lm_harness import LaneformerLM, flat_metrics, load_task_file, run_lm_eval  # noqa: E402
+from eval.lm_harness import LaneformerLM, flat_metrics, load_task_file, run_lm_eval
+from tests.helpers import (BUNDLE, PROBS, REPO, WORDS, Bigram, WordTokenizer, needs_bundle, tiny_random_model,
+                           write_tasks)
 
 
 @pytest.fixture(autouse=True)
@@ -73,41 +69,6 @@ def test_generate_until_stops(toy_lm):
     assert out == [" three four", " barks ", " three"]
 
 
-MC_DOCS = [
-    {"query": "the sky is", "choices": ["blue", "red"], "gold": 0},  # ln .5 > ln .2: right
-    {"query": "the rose is", "choices": ["red", "dark red"], "gold": 0},  # by the sum, ln .2 > ln .09: right
-    {"query": "the grass is", "choices": ["red", "blue"], "gold": 1},  # right
-    {"query": "the cat", "choices": ["barks", "meows"], "gold": 0},  # meows .7 > barks .05: wrong
-    {"query": "the dog", "choices": ["meows", "sleeps"], "gold": 1},  # sleeps .3 > meows .01: right
-]
-GEN_DOCS = [
-    {"context": "one two", "continuation": "three four"},  # right
-    {"context": "one two", "continuation": "three five"},  # greedy says four: wrong
-    {"context": "four five", "continuation": "six"},  # right
-    {"context": "the dog", "continuation": "barks loudly"},  # cut at "loudly": wrong
-    {"context": "the sky is", "continuation": "blue"},  # right
-]
-
-
-def write_tasks(root: Path) -> Path:
-    """A task file with relative data_files, as a user would write one."""
-    for name, docs in (("mc.jsonl", MC_DOCS), ("gen.jsonl", GEN_DOCS)):
-        (root / name).write_text("".join(json.dumps(d) + "\n" for d in docs))
-    common = {"dataset_path": "json", "test_split": "test"}
-    tasks = [
-        {**common, "task": "toy_mc", "dataset_kwargs": {"data_files": {"test": "mc.jsonl"}},
-         "output_type": "multiple_choice", "doc_to_text": "{{query}}", "doc_to_choice": "{{choices}}",
-         "doc_to_target": "{{gold}}", "metric_list": [{"metric": "acc"}]},
-        {**common, "task": "toy_gen", "dataset_kwargs": {"data_files": {"test": "gen.jsonl"}},
-         "output_type": "generate_until", "doc_to_text": "{{context}}", "doc_to_target": "{{continuation}}",
-         "generation_kwargs": {"until": ["loudly"], "max_gen_toks": 3},
-         "metric_list": [{"metric": "exact_match", "regexes_to_ignore": ["^\\s+|\\s+$"]}]},
-    ]
-    path = root / "tasks.json"
-    path.write_text(json.dumps(tasks))
-    return path
-
-
 def test_lm_eval_offline_local_tasks(toy_lm, tmp_path):
     lm, _ = toy_lm
     tasks = load_task_file(write_tasks(tmp_path))
@@ -157,7 +118,8 @@ def test_run_cli_on_dcp_and_hf(exported, tmp_path, capsys):
 
     _, step, hf_dir = exported
     tasks = write_tasks(tmp_path)
-    out = main(["--checkpoint", str(step.parent.parent), "--core", str(BUNDLE), "--core-tasks", "copa,winograd",
+    out = main(["--checkpoint", str(step.parent.parent), "--tokenizer", str(REPO / "assets" / "tokenizer"),
+                "--core", str(BUNDLE), "--core-tasks", "copa,winograd",
                 "--max-per-task", "2", "--lm-eval", str(tasks), "--limit", "5", "--out", str(tmp_path / "r.json")])
     assert json.loads((tmp_path / "r.json").read_text())["metrics"] == out["metrics"]
     assert out["checkpoint"] == f"dcp:{step}"
@@ -184,37 +146,3 @@ def test_trainer_entry_point(toy_lm, tmp_path):
     assert metrics["core/copa/acc"] == pytest.approx(2 / 3) and "core/CORE_v1" in metrics
     assert metrics["lm_eval/toy_mc/acc"] == pytest.approx(4 / 5)
     assert all(isinstance(v, float | int) for v in metrics.values())
-
-
-def two_rank_worker(out_dir: Path) -> None:
-    """Run the toy lm-eval tasks on this rank; write the results (rank 0) and the forward count."""
-    import torch.distributed as tdist
-
-    tdist.init_process_group("gloo")
-    tok = WordTokenizer(WORDS + ["<x>"])
-    model = Bigram(tok, PROBS)
-    results = run_lm_eval(LaneformerLM(model, tok, max_seq_len=16, batch_size=2), load_task_file(out_dir / "tasks.json"))
-    rank = tdist.get_rank()
-    (out_dir / f"rank{rank}.json").write_text(json.dumps({"results": results, "forwards": model.calls}))
-    tdist.destroy_process_group()
-
-
-@pytest.mark.slow
-def test_lm_eval_two_ranks(tmp_path):
-    import subprocess
-
-    write_tasks(tmp_path)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(Path(__file__).resolve()), "--worker", str(tmp_path)]
-    env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "hf_datasets")}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert ranks[1]["results"] is None and ranks[0]["forwards"] == ranks[1]["forwards"]
-    metrics = flat_metrics(ranks[0]["results"])
-    assert metrics["lm_eval/toy_mc/acc"] == pytest.approx(4 / 5)
-    assert metrics["lm_eval/toy_gen/exact_match"] == pytest.approx(3 / 5)
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
-    two_rank_worker(Path(sys.argv[2]))

@@ -1,5 +1,6 @@
 """EvalPlus protocol: release files in its format, sanitizing, base vs plus tests, time limits,
-and the prompt -> generation -> score path for base and instruct prompts."""
+and the prompt -> generation -> score path for base and instruct prompts (on two ranks:
+tests/e2e/test_eval_two_ranks.py)."""
 
 from __future__ import annotations
 
@@ -11,27 +12,8 @@ import torch
 
 from eval import evalplus
 from eval.evalplus import EvalPlusDataError, check_solution, load_tasks, sanitize, score
+from tests.helpers import ADD, MEAN, scripted_evalplus
 
-ADD = {
-    "task_id": "HumanEval/0",
-    "prompt": 'def add(a: int, b: int) -> int:\n    """Return a + b."""\n',
-    "entry_point": "add",
-    "canonical_solution": "    return a + b\n",
-    "base_input": [[1, 2], [3, 4]],
-    "plus_input": [[-5, 2], [0, 0], [10**20, -1]],
-    "atol": 0,
-    "contract": "", "test": "",
-}
-MEAN = {
-    "task_id": "HumanEval/1",
-    "prompt": 'def mean(xs: list) -> float:\n    """Arithmetic mean."""\n',
-    "entry_point": "mean",
-    "canonical_solution": "    return sum(xs) / len(xs)\n",
-    "base_input": [[[1.0, 2.0]], [[0.1, 0.2, 0.3]]],
-    "plus_input": [[[1e-3] * 1000], [[3.0]]],
-    "atol": 0,
-    "contract": "", "test": "",
-}
 # MBPP+ task 2 gets tuples back from JSON lists (EvalPlus's loader does the same).
 SIMILAR = {
     "task_id": "Mbpp/2",
@@ -153,3 +135,12 @@ def test_eval_run_refuses_a_missing_release_file_before_loading_a_model(tmp_path
         eval_run.main(["--checkpoint", str(tmp_path / "no-model"), "--evalplus", "mbpp",
                        "--evalplus-data", str(tmp_path / "MbppPlus.jsonl")])
     assert e.value.code == 2 and "MbppPlus.jsonl: no such EvalPlus release file" in capsys.readouterr().err
+
+
+def test_generation_and_scoring_of_three_known_answers():
+    """Right, base-only and wrong answers through generation: the one-rank reference that
+    tests/e2e/test_eval_two_ranks.py holds two ranks to."""
+    result = scripted_evalplus()
+    assert result.passed == {"HumanEval/0": {"base": True, "plus": True}, "HumanEval/1": {"base": True, "plus": False},
+                             "HumanEval/2": {"base": False, "plus": False}}
+    assert result.metrics() == {"humaneval/pass@1": pytest.approx(2 / 3), "humaneval+/pass@1": pytest.approx(1 / 3)}

@@ -1,6 +1,7 @@
-"""``launch.slurm submit`` plans a GPU job's memory first and refuses one that does not fit.
+"""``launch.slurm submit`` runs train.py's checks and plans a GPU job's memory first: it
+refuses a recipe with a problem or one that does not fit, and ``--dry-run`` shows the verdict.
 
-No SLURM needed: the refusal comes before anything is written or submitted.
+No SLURM needed: all of it comes before anything is written or submitted.
 """
 
 from __future__ import annotations
@@ -19,4 +20,25 @@ def test_submit_refuses_a_recipe_that_does_not_fit_and_writes_nothing(tmp_path, 
     assert re.search(r"^peak memory per GPU: [\d.]+ GiB of 79.6 GiB \(does not fit\)$", err, re.M)
     assert re.search(r"^sharded params\+grads\+optimizer per GPU: (\d+\.\d+) GiB$", err, re.M)
     assert "does not fit 2 x h100" in err and "--no-plan submits anyway" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_submit_refuses_missing_data_naming_it_and_writes_nothing(tmp_path, capsys):
+    code = main(["submit", "--recipe", "tiny.toml", "--nodes", "1", "--gpus-per-node", "0", "--nproc-per-node", "2",
+                 "--set", 'data.sources=[{name = "code", path = "assets/sample_data/nope", weight = 1.0}]',
+                 "--set", f"run.output_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert re.search(r"^error: .*\[data.sources\[0\]\] path: .*assets/sample_data/nope not found", err, re.M), err
+    assert not (tmp_path / "run").exists()
+
+
+def test_dry_run_prints_the_script_the_plan_and_the_verdict(tmp_path, capsys):
+    code = main(["submit", "--recipe", "tiny.toml", "--nodes", "1", "--gpus-per-node", "2", "--gpu", "h100",
+                 "--set", f"run.output_dir={tmp_path / 'run'}", "--dry-run"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.startswith("#!/bin/bash") and "#SBATCH --gpus-per-node=2" in out
+    assert re.search(r"^peak memory per GPU: [\d.]+ GiB of 79.6 GiB \(fits\)$", out, re.M)
+    assert out.rstrip().endswith("checks: all passed; a submit would queue this job")
     assert not (tmp_path / "run").exists()

@@ -190,7 +190,7 @@ def test_a_recipe_error_fails_the_job_once_and_status_says_why(slurm, tmp_path):
     recipe.write_text((REPO / "recipes" / "tiny.toml").read_text().replace(
         "assets/sample_data/code", "assets/sample_data/nope"))
     run = tmp_path / "run"
-    job = submit(run, recipe=str(recipe))  # data is only checked where the job runs
+    job = submit(run, "--no-preflight", recipe=str(recipe))  # a login node that cannot see the data
     assert wait_done(job, run) == "FAILED"
     assert job_info(job)["Restarts"] == "0"
     assert [e["event"] for e in history(run)] == ["start", "end"]
@@ -214,7 +214,7 @@ def test_the_24_node_script_holds_rendezvous_signal_and_requeue(tmp_path):
     result = slurm_cli("submit", "--recipe", "phase1.toml", "--nodes", "24", "--gpus-per-node", "8",
                        "--partition", "gpu", "--account", "lm", "--time", "24:00:00", "--exclude", "gpu[017,042]",
                        "--nccl-socket-ifname", "ib0", "--nccl-ib-hca", "mlx5", "--env", "NCCL_DEBUG=WARN",
-                       f"--set=run.output_dir={tmp_path / 'run'}", "--dry-run")
+                       f"--set=run.output_dir={tmp_path / 'run'}", "--dry-run", "--no-preflight", "--no-plan")
     assert result.returncode == 0, result.stderr
     script = result.stdout
     (tmp_path / "job.sbatch").write_text(script)

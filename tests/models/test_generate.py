@@ -91,3 +91,35 @@ def test_ranks_must_divide_the_lanes():
     assert lane_range(8, 3, 4) == range(6, 8)
     with pytest.raises(ValueError, match="3 ranks must divide model.n_lanes=8"):
         lane_range(8, 0, 3)
+
+
+# --- the CLI's tokenizer: the checkpoint's own (eval.load.checkpoint_tokenizer), never the tiny default ---
+
+TEXT = "an ace can dance"
+
+
+def test_the_cli_decodes_with_the_tokenizer_the_run_names(tmp_path, capsys):
+    from data.tokenizer import TINY_TOKENIZER, Tokenizer
+    from models.laneformer.generate import main
+    from tests.helpers import other_tokenizer, write_tiny_run
+
+    other = other_tokenizer(tmp_path / "tok")
+    prompt = Tokenizer(other).encode(TEXT, bos=True)
+    assert prompt != Tokenizer(TINY_TOKENIZER).encode(TEXT, bos=True)
+    write_tiny_run(tmp_path / "run", other)
+    ids = main(["--checkpoint", str(tmp_path / "run"), "--prompt", TEXT, "--max-new-tokens", "3"])
+    assert f"tokenizer {other} (from {tmp_path / 'run' / 'recipe.toml'}" in capsys.readouterr().err
+    config = read_config(tmp_path / "run")
+    decoder = LaneDecoder(config, read_weights(tmp_path / "run", config, range(config.n_lanes)),
+                          range(config.n_lanes), torch.device("cpu"))
+    assert ids == greedy(decoder, prompt, 3, Tokenizer(other).eos_id).ids  # the prompt in the run's ids
+
+
+def test_the_cli_refuses_a_checkpoint_whose_tokenizer_it_cannot_find(tmp_path):
+    from models.laneformer.generate import main
+    from tests.helpers import write_tiny_run
+
+    step = write_tiny_run(tmp_path / "run", None)
+    with pytest.raises(FileNotFoundError, match=rf"{tmp_path / 'run'}: cannot tell which tokenizer .*{step}: no "
+                                                r"tokenizer files and no \S*recipe\.toml naming one; pass --tokenizer"):
+        main(["--checkpoint", str(tmp_path / "run"), "--prompt", TEXT, "--max-new-tokens", "1"])

@@ -143,8 +143,11 @@ def test_a_damaged_latest_checkpoint_is_moved_aside_and_the_run_replays_from_the
     assert {s: again[s] for s in (3, 4)} == {s: first[s] for s in (3, 4)}  # exact replay
     assert rundir.complete_steps(run) == [2, 4, 6]
 
-    for step in rundir.complete_steps(run):
+    *earlier, last = rundir.complete_steps(run)
+    for step in earlier:
         truncate(rundir.step_dir(run, step))
+    metadata = rundir.step_dir(run, last) / ".metadata"  # a torn .metadata, not only torn shards
+    metadata.write_bytes(metadata.read_bytes()[: metadata.stat().st_size // 2])
     result = train_rank0(run, "training.steps=8", *common)
     assert result.returncode != 0
     assert "no complete checkpoint is left" in result.stderr and "not starting from scratch" in result.stderr

@@ -57,6 +57,22 @@ def test_the_stand_in_attention_is_charged_the_flops_of_its_visible_pairs():
     assert P._visible_pairs(4, 16) == 10  # a window longer than the sequence is causal
 
 
+def test_the_roofline_optimizer_shard_follows_fsdps_placement():
+    """Beyond 8 GPUs lane weights split on dim 1 (parallelize.lane_placement), so each GPU's
+    optimizer shard is 1/N of a lane weight, not the 1/8 a dim-0 split would leave it."""
+    import torch
+
+    from models.laneformer.parallelize import lane_placement
+
+    lane_weight, norm = torch.empty(8, 384, 3072, device="meta"), torch.empty(3072, device="meta")
+    assert P._shard_dim(lane_placement(8, 192), lane_weight) == 1
+    assert P._shard_numel(lane_weight, 1, 192) == 2 * 8 * 3072 == lane_weight.numel() // 192
+    assert P._shard_dim(lane_placement(8, 8), lane_weight) == 0  # up to 8 GPUs: a lane each
+    assert P._shard_numel(lane_weight, 0, 8) == lane_weight.numel() // 8
+    assert P._shard_dim(lane_placement(8, 192), norm) == 0
+    assert P._shard_numel(norm, 0, 192) == 16  # ceil(3072 / 192), padded as FSDP pads
+
+
 def test_a_tiny_plan_prints_every_line_tools_read():
     result = subprocess.run([sys.executable, "train.py", "--recipe", "tiny.toml", "--plan", "--gpus", "2",
                              "--gpu", "h200", "--ops", "--sweep"],

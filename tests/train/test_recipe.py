@@ -1,5 +1,7 @@
 """Recipe validation: every bad input names the file, table and key."""
 
+import json
+
 import pytest
 
 from train import recipe as R
@@ -92,3 +94,121 @@ def test_phase1_is_the_published_recipe():
     assert 635_000 < r.training.steps < 637_000
     assert abs(r.training.total_tokens - 4e12) / 4e12 < 1e-3
     assert abs(sum(s.weight for s in r.data.sources) - 1) < 1e-9
+
+
+# --- the chat template: one per run, validated at load, inherited from an imported release ---
+
+def other_template() -> str:
+    """A template unlike the project's (data.chat.LLAMA2 with other markup), with the same answer spans."""
+    from data.chat import LLAMA2
+
+    return LLAMA2.replace("'[INST] '", "'USER: '").replace("' [/INST]'", "'\\nASSISTANT:'")
+
+
+@pytest.mark.parametrize("value, why", [
+    ('"chatml"', r"'chatml' is neither a template name \(llama2\) nor an existing .jinja file"),
+    ('"no/such/template.jinja"', r"'no/such/template.jinja' is neither a template name"),
+    ("3", r"expected str \| None, got 3"),
+])
+def test_bad_chat_template_names_the_field(tmp_path, value, why):
+    path = write(tmp_path, GOOD.replace("[data]", f"[data]\nchat_template = {value}"))
+    with pytest.raises(R.RecipeError, match=r"\[data\] chat_template: " + why) as err:
+        R.load(path)
+    assert str(err.value).startswith(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.toml"]  # nothing written
+
+
+@pytest.mark.parametrize("jinja, why", [
+    ("{% for m in messages %}{{ m['content'] }", r"TemplateSyntaxError"),  # an unclosed tag
+    ("{% for m in messages %}{{ m['content'] + m['no_such_key'] }}{% endfor %}", r"UndefinedError|TypeError"),
+])
+def test_a_template_that_cannot_render_fails_at_load_not_at_export(tmp_path, jinja, why):
+    (tmp_path / "broken.jinja").write_text(jinja)
+    path = write(tmp_path, GOOD.replace("[data]", f'[data]\nchat_template = "{tmp_path / "broken.jinja"}"'))
+    with pytest.raises(R.RecipeError, match=r"\[data\] chat_template: chat template .*broken.jinja: does not render"
+                                            r".*(" + why + ")"):
+        R.load(path)
+
+
+def test_chat_template_resolves_and_is_recorded(tmp_path):
+    from data.chat import resolve_template
+
+    assert R.load(write(tmp_path, GOOD)).data.chat_template == "llama2"  # the project default, said explicitly
+    (tmp_path / "mine.jinja").write_text(other_template())
+    r = R.load(write(tmp_path, GOOD.replace("[data]", f'[data]\nchat_template = "{tmp_path / "mine.jinja"}"')))
+    assert resolve_template(r.data.chat_template)[1] == other_template()
+    again = R.load(write(tmp_path, R.to_toml(r), "again.toml"))
+    assert again.data.chat_template == r.data.chat_template == str(tmp_path / "mine.jinja")
+
+
+def release_with_template(folder, template: str | None):
+    """A release folder as transformers writes one: the weights, and the chat template saved by
+    ``save_pretrained`` (transformers 5 writes it to chat_template.jinja)."""
+    from transformers import AutoTokenizer
+
+    from data.tokenizer import TINY_TOKENIZER
+    from models.laneformer.hf.export import export_hf
+    from tests.helpers import tiny_random_model
+
+    model = tiny_random_model()
+    export_hf(model.state_dict(), model.config, folder, tokenizer_dir=TINY_TOKENIZER)
+    config = folder / "tokenizer_config.json"
+    config.write_text(json.dumps({k: v for k, v in json.loads(config.read_text()).items() if k != "chat_template"}))
+    if template is not None:
+        tok = AutoTokenizer.from_pretrained(str(folder))
+        tok.chat_template = template
+        tok.save_pretrained(str(folder))
+    return folder
+
+
+def test_sft_on_an_imported_release_uses_the_release_template(tmp_path, capsys):
+    """from-hf keeps the release's chat_template beside the weights; a recipe starting from the import
+    with [data] chat_template unset tunes, evaluates and exports with it, and records which."""
+    from transformers import AutoTokenizer
+
+    from data.chat import resolve_template
+    from models.laneformer.convert import main as convert_main
+    from train.build import export_hooks, trainer_config
+
+    release = release_with_template(tmp_path / "release", other_template())
+    assert (release / "chat_template.jinja").is_file()  # where transformers put it
+    convert_main(["from-hf", str(release), str(tmp_path / "imported")])
+    assert "chat template: the release's, kept in" in capsys.readouterr().out
+    # Reference: what transformers itself loads as the imported checkpoint's template.
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "imported")).chat_template == other_template()
+
+    sft = GOOD.replace("[training]", f'[checkpoint]\ninit_from = "{tmp_path / "imported"}"\nexport_hf = true\n'
+                                     '[eval]\nevalplus = "humaneval"\nevalplus_chat = true\n[training]')
+    r = R.load(write(tmp_path, sft))
+    assert resolve_template(r.data.chat_template)[1] == other_template()
+    assert f'chat_template = "{r.data.chat_template}"' in R.to_toml(r)  # the run dir's recipe.toml says which
+    assert export_hooks(r)[0].chat_template == r.data.chat_template
+    (eval_hook,) = [h for h in trainer_config(r).hooks if hasattr(h, "evalplus_chat")]
+    assert eval_hook.chat_template == r.data.chat_template
+    # The recipe's own choice wins over the checkpoint's.
+    assert R.load(write(tmp_path, sft.replace("[data]", '[data]\nchat_template = "llama2"'))).data.chat_template == "llama2"
+
+    # A release without a template: the project default.
+    release_with_template(tmp_path / "bare", None)
+    convert_main(["from-hf", str(tmp_path / "bare"), str(tmp_path / "bare-imported")])
+    assert "the release has none" in capsys.readouterr().out
+    assert R.load(write(tmp_path, sft.replace("imported", "bare-imported"))).data.chat_template == "llama2"
+
+
+def test_preflight_refuses_a_chat_source_tokenized_with_another_template(tmp_path):
+    """Training on one template and exporting another is refused before anything starts, naming the
+    source's manifest and the recipe field; the matching template passes."""
+    from train.build import preflight
+
+    (tmp_path / "mine.jinja").write_text(other_template())
+    chat = R.REPO / "assets" / "chat" / "train"  # tokenized with llama2 (its manifest says so)
+    sources = f'[[data.sources]]\nname = "chat"\npath = "{chat}"\nchat_key = "messages"\nweight = 1.0\nmax_epochs = 100\n'
+    text = GOOD.replace("[optimizer]", sources + "[optimizer]").replace(
+        'name = "t"', f'name = "t"\noutput_dir = "{tmp_path / "run"}"')
+    mismatch = R.load(write(tmp_path, text.replace("[data]", f'[data]\nchat_template = "{tmp_path / "mine.jinja"}"')))
+    problems = preflight(mismatch, 1).problems
+    (problem,) = [p for p in problems if "chat_template" in p]
+    assert problem.startswith(f"{mismatch.path}: [data] chat_template:")
+    assert str(chat / "manifest.json") in problem and "'llama2'" in problem
+    assert not preflight(R.load(write(tmp_path, text, "ok.toml")), 1).problems
+    assert not (tmp_path / "run").exists()

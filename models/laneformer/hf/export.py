@@ -27,6 +27,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from transformers import GenerationConfig
 
+from data.chat import TEMPLATE_FILE, add_to_hf_folder
+
 from ..model import Laneformer
 from ..state_dict_adapter import native_to_hf_name
 from . import REMOTE_CODE_DIR, REMOTE_CODE_FILES, atomic_folder
@@ -35,7 +37,10 @@ from .config_map import config_json, hf_config
 from .kog_releases import laneformer_tp_keys
 from .safetensors_io import write_weights
 
-TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# TEMPLATE_FILE (chat_template.jinja): where transformers saves a release's chat template; an import keeps it,
+# an export folds it into tokenizer_config.json.
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   TEMPLATE_FILE)
 log = logging.getLogger(__name__)
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
 BOS_ID, EOS_ID = 1, 2
@@ -60,12 +65,15 @@ def export_hf(
     dtype: torch.dtype | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     overwrite: bool = False,
+    chat_template: str | None = None,
 ) -> Path:
     """Write the HF folder of native ``state_dict`` (cast to ``dtype`` if given) to ``out_dir``.
 
     ``tokenizer_dir``: a tokenizer.model (its HF files are generated from it),
     or a folder of tokenizer files (copied; generated when it holds only a
-    tokenizer.model).
+    tokenizer.model). ``chat_template`` (a data.chat spec: the one the weights
+    were tuned with) goes into tokenizer_config.json; None: the tokenizer
+    files' own template if they bring one, else data.chat's default.
     """
     check_shapes(
         expected_shapes(model_config), {k: v.shape for k, v in state_dict.items()}, dict.fromkeys(state_dict, "state_dict")
@@ -92,7 +100,7 @@ def export_hf(
         for name in REMOTE_CODE_FILES:
             shutil.copy2(REMOTE_CODE_DIR / name, tmp / name)
         if tokenizer_dir is not None:
-            _write_tokenizer(Path(tokenizer_dir), tmp)
+            _write_tokenizer(Path(tokenizer_dir), tmp, chat_template)
         (tmp / "README.md").write_text(model_card(model_config, card or ModelCard(), n_params, tp_why))
     return Path(out_dir)
 
@@ -111,25 +119,23 @@ def to_hf(model: torch.nn.Module, out_dir: str | Path, **kwargs) -> Path | None:
     return export_hf(state_dict, model.config, out_dir, **kwargs) if rank0 else None
 
 
-def _write_tokenizer(src: Path, dst: Path) -> None:
+def _write_tokenizer(src: Path, dst: Path, chat_template: str | None = None) -> None:
     """tokenizer.model plus HF files generated from it, or a folder's complete set of HF files copied;
-    tokenizer_config.json gets the project's chat template (``</s>`` ends a turn: generation_config's EOS)."""
-    from data.chat import add_to_hf_folder
-
+    tokenizer_config.json gets the chat template (``</s>`` ends a turn: generation_config's EOS):
+    ``chat_template`` if given, else the files' own, else data.chat's default."""
     if src.is_dir() and (src / "tokenizer_config.json").is_file():
         for name in TOKENIZER_FILES:
             if (src / name).is_file():
                 shutil.copy2(src / name, dst / name)
-        add_to_hf_folder(dst)  # the chat template (data.chat), unless the files bring their own
-        return
-    model = src / "tokenizer.model" if src.is_dir() else src
-    if not model.is_file():
-        raise FileNotFoundError(f"{src}: neither a tokenizer.model nor a folder with {TOKENIZER_FILES}")
-    from data.hf_tokenizer import save_hf_tokenizer
+    else:
+        model = src / "tokenizer.model" if src.is_dir() else src
+        if not model.is_file():
+            raise FileNotFoundError(f"{src}: neither a tokenizer.model nor a folder with {TOKENIZER_FILES}")
+        from data.hf_tokenizer import save_hf_tokenizer
 
-    shutil.copy2(model, dst / "tokenizer.model")
-    save_hf_tokenizer(model, dst)
-    add_to_hf_folder(dst)
+        shutil.copy2(model, dst / "tokenizer.model")
+        save_hf_tokenizer(model, dst)
+    add_to_hf_folder(dst, chat_template)
 
 
 def model_card(config: Laneformer.Config, card: ModelCard, n_params: int, tp_why: list[str] = ()) -> str:

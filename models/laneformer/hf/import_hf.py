@@ -4,7 +4,10 @@ Output: a DCP folder of the native model weights only (load it with
 torchtitan's ``checkpoint.initial_load_path`` and
 ``initial_load_model_only``), ``laneformer_config.json`` holding the native
 ``Laneformer.Config`` fields (``convert to-hf`` reads it back), and the
-folder's tokenizer files, so that an export of it is self-contained.
+folder's tokenizer files, so that an export of it is self-contained. They keep
+the release's chat template where the release has one (tokenizer_config.json
+or chat_template.jinja): a recipe starting from this checkpoint tunes with it
+and exports it (data.chat.checkpoint_template), unless it names its own.
 
 What the config means depends on the code revision it was written for;
 ``kog_releases.read_release`` works it out and refuses what it cannot
