@@ -56,6 +56,7 @@ def run_evals(model_fn, tokenizer, *, max_seq_len: int, device: torch.device | s
     tokenizer is an export's with its own). ``max_new_tokens`` None: each benchmark's own limit
     (HumanEval 512, EvalPlus 768, as their harnesses generate)."""
     report = Report()
+    length = {"max_new_tokens": max_new_tokens} if max_new_tokens else {}  # else each benchmark's own
     if core_bundle is not None:
         report.core = evaluate_core(model_fn, tokenizer, core_bundle, max_seq_len=max_seq_len,
                                     max_per_task=max_per_task, labels=core_tasks, device=device, log=log)
@@ -72,7 +73,7 @@ def run_evals(model_fn, tokenizer, *, max_seq_len: int, device: torch.device | s
 
         report.humaneval = evaluate_humaneval(model_fn, tokenizer, max_seq_len=max_seq_len, device=device,
                                               limit=humaneval_limit, samples=samples, temperature=temperature,
-                                              **({"max_new_tokens": max_new_tokens} if max_new_tokens else {}))
+                                              **length)
     if evalplus:
         from .evalplus import evaluate_evalplus
 
@@ -83,8 +84,7 @@ def run_evals(model_fn, tokenizer, *, max_seq_len: int, device: torch.device | s
             evaluate_evalplus(model_fn, tokenizer, d, max_seq_len=max_seq_len, device=device,
                               tasks=evalplus_tasks[i] if evalplus_tasks is not None else None,
                               data_path=evalplus_data, limit=evalplus_limit, chat=chat,
-                              chat_template=chat_template,
-                              **({"max_new_tokens": max_new_tokens} if max_new_tokens else {}))
+                              chat_template=chat_template, **length)
             for i, d in enumerate(datasets)]
     return report
 
