@@ -6,7 +6,7 @@ resumes from the latest complete checkpoint in the run dir. With no
 
     python train.py --recipe X --print-config   # the resolved recipe
     python train.py --recipe X --dry-run        # model on meta: size, steps, FLOPs, wall time, data
-    python train.py --recipe X --plan [--gpus N --gpu h100 --sweep --ops]   # memory per GPU, roofline
+    python train.py --recipe X --plan [--gpus N --gpu h100 --sweep --ops --json]   # memory per GPU, rooflines
 
 Before anything is written, every check runs (``train.build.preflight``): the
 recipe's types and values, ``[model]`` overrides against the model, the
@@ -14,10 +14,11 @@ tokenizer, the data, ``checkpoint.init_from``, writable run and export dirs.
 ``--dry-run`` runs the same checks after printing the plan, and exits as a
 launch would.
 
-Exit codes: 0 done; 2 recipe error (nothing started, nothing written); 75
-(``PREEMPTED``) checkpointed on SIGUSR1, run the same command again to resume;
-3 training complete but the export failed (the retry command is printed); 4 too
-many consecutive skipped steps. Both are final: not requeued.
+Exit codes (``train.exits.Exit``): 0 done; 2 recipe error (nothing started,
+nothing written); 75 (``PREEMPTED``) checkpointed on SIGUSR1, run the same
+command again to resume; 3 training complete but the export failed (the retry
+command is printed); 4 too many consecutive skipped steps; 5 no space for a
+checkpoint in the run dir. 3, 4 and 5 are final: not requeued.
 """
 
 import argparse
@@ -29,14 +30,15 @@ from train.cpu import use_cpu_if_no_gpu
 
 use_cpu_if_no_gpu()  # before torchtitan builds anything
 
-from train.preemption import PREEMPTED, Preempted, StopRun, catch_signals, note_exit  # noqa: E402
+from train.exits import Exit, StopRun, note_exit  # noqa: E402
+from train.preemption import Preempted, catch_signals  # noqa: E402
 
 catch_signals()  # as early as possible: an uncaught SIGUSR1 kills a rank without a checkpoint
 
 import torch  # noqa: E402
 
 from train import recipe as R  # noqa: E402
-from train.plan import GPUS  # noqa: E402
+from train.plan.gpus import GPUS  # noqa: E402
 
 DEFAULT_RECIPE = "tiny.toml"
 
@@ -51,14 +53,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--run", type=Path, help="dry run: the run dir whose realized data mix to show "
                    "(default: the recipe's)")
     p.add_argument("--plan", action="store_true",
-                   help="memory per GPU and roofline speed on --gpus GPUs of kind --gpu (train/plan.py)")
+                   help="memory per GPU, eager and compiled roofline speed on --gpus GPUs of kind --gpu (train/plan/)")
     p.add_argument("--gpu", default="h100", choices=list(GPUS), help="plan: the GPU kind")
     p.add_argument("--sweep", action="store_true", help="plan: also micro batch x activation checkpointing")
     p.add_argument("--ops", action="store_true", help="plan: also one layer's per-op roofline, lanes vs dense")
+    p.add_argument("--compiled", action="store_true", help="plan --ops: also the compiled estimate's per-kernel table, lanes vs dense")
+    p.add_argument("--json", action="store_true", help="plan: print the numbers as one JSON object")
     p.add_argument("--gpus", type=int, default=192, help="dry run and plan: GPUs for the estimates")
     p.add_argument("--mfu", type=float, default=0.40, help="dry run: assumed model FLOPs utilization")
-    p.add_argument("--peak-tflops", type=float, default=989.0,
-                   help="dry run: peak bf16 TFLOP/s per GPU (H100 SXM: 989)")
+    p.add_argument("--peak-tflops", type=float, default=GPUS["h100"].tflops["bfloat16"],
+                   help="dry run: peak bf16 TFLOP/s per GPU (default: the H100's, train/plan/gpus.py)")
     return p.parse_args(argv)
 
 
@@ -71,12 +75,16 @@ def main(argv=None) -> int:
         recipe = R.load(args.recipe, args.set)
         if args.print_config:
             print(R.to_toml(recipe), end="")
-            return 0
+            return Exit.DONE
         if args.plan:
-            from train.plan import plan
+            import json
 
-            print(plan(recipe, gpus=args.gpus, gpu=args.gpu, with_sweep=args.sweep, with_ops=args.ops)[0])
-            return 0
+            from train.plan import make_plan
+
+            p = make_plan(recipe, gpus=args.gpus, gpu=args.gpu, with_sweep=args.sweep, with_ops=args.ops,
+                          with_kernels=args.compiled)  # TODO(issue 21): with_compiled once compiled.py lands
+            print(json.dumps(p.to_json(), indent=1) if args.json else "\n".join(p.lines()))
+            return Exit.DONE
         checked = preflight(recipe, int(os.environ.get("WORLD_SIZE", 1)))
         problems = checked.problems
     except R.RecipeError as e:
@@ -90,11 +98,11 @@ def main(argv=None) -> int:
             problems = problems or [str(e)]  # preflight reports what stops the plan
     if problems:
         print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
-        note_exit(2, "recipe error", message="\n".join(problems))
-        return 2
+        note_exit(Exit.BAD_INPUT, message="\n".join(problems))
+        return Exit.BAD_INPUT
     if args.dry_run:
         print("checks: all passed; a launch would start")
-        return 0
+        return Exit.DONE
 
     from torchtitan.tools.logging import init_logger
 
@@ -110,25 +118,25 @@ def main(argv=None) -> int:
     try:
         trainer.train()
     except Preempted as p:  # checkpointed; the launcher runs us again
-        note_exit(PREEMPTED, "preempted", step=p.step)
-        return PREEMPTED
-    except StopRun as s:  # export failed (3), too many skipped steps (4): not requeued
+        note_exit(Exit.PREEMPTED, step=p.step)
+        return Exit.PREEMPTED
+    except StopRun as s:  # export failed, too many skipped steps, no space: not requeued
         print(f"error: {s}", file=sys.stderr)
-        note_exit(s.code, s.reason, **s.details)
+        note_exit(s.code, **s.details)
         return s.code
     except Exception as e:
-        note_exit(1, "error", message=f"{type(e).__name__}: {e}")
+        note_exit(Exit.CRASH, message=f"{type(e).__name__}: {e}")
         raise
     finally:
         trainer.close()
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-    note_exit(0, "finished", step=trainer.step)
+    note_exit(Exit.DONE, step=trainer.step)
     if int(os.environ.get("RANK", 0)) == 0:
         from train.trainer import run_summary
 
         print(run_summary(recipe, args.recipe, args.set))
-    return 0
+    return Exit.DONE
 
 
 if __name__ == "__main__":

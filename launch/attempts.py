@@ -12,8 +12,10 @@ began from; each end appends what train.py said about why it stopped
   meets more node failures than any fixed total; a crash loop does not pass;
 - ``fail``: a recipe error, no new checkpoint since the start (a restart would
   only repeat the failure), the crash rate is exceeded, training finished but
-  its export failed, or it stopped on too many consecutive skipped steps
-  (train.py's exit codes 2, 3, 4: restarting would not help).
+  its export failed, it stopped on too many consecutive skipped steps, or the
+  run dir's disk cannot hold a checkpoint (``train.exits.Exit`` BAD_INPUT,
+  EXPORT_FAILED, SKIPPED_OUT, NO_SPACE: restarting would not help). The
+  decision reads exit codes only; the note's words are for people.
 
 A crash is pinned to a node when that node's torchrun saw a rank die of a
 fault signal (SIGKILL from the OOM killer, SIGSEGV, SIGBUS...: not the
@@ -37,7 +39,8 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from rundir import EXIT_BAD_INPUT, EXIT_EXPORT_FAILED, EXIT_SKIPPED_OUT, LAUNCHER_DIR, latest_complete_step
+from rundir import LAUNCHER_DIR, latest_complete_step
+from train.exits import Exit
 
 # A rank that died of one of these was killed by the node (OOM killer, bad memory, a crash
 # in native code), not told to stop; torchrun logs "failed (exitcode: -N) local_rank: ...".
@@ -123,24 +126,27 @@ def decide(rc: int, note: dict, before: int, after: int, recent_crashes: int,
            crashes_per_day: int) -> tuple[str, str, str]:
     """(action, cause, why) for a start that began at checkpoint ``before`` and left ``after``;
     ``recent_crashes``: crash restarts of the run in the last 24 hours."""
-    reason, code = note.get("reason"), note.get("code", rc)  # train.py's note_exit
+    code = note.get("code", rc)  # torchrun hides a rank's code: train.exits.note_exit carries it
     message = f": {_short(note['message'])}" if note.get("message") else ""
-    if reason == "finished" or (rc == 0 and reason is None):
-        return "done", "finished", f"finished at step {note.get('step', after)}"
-    if reason == "recipe error" or code == EXIT_BAD_INPUT:
-        return "fail", "recipe", f"recipe error{message}"
-    if code == EXIT_EXPORT_FAILED:
-        retry = f"; retry with: {note['command']}" if note.get("command") else ""
-        return "fail", "export failed", f"training complete, export failed{message}{retry}; not restarting"
-    if code == EXIT_SKIPPED_OUT:
-        at = f" up to step {note['step']}" if "step" in note else ""
-        last = f"; last complete checkpoint: {note['checkpoint']}" if note.get("checkpoint") else ""
-        return "fail", "skipped out", f"too many consecutive skipped steps{at}{last}; not restarting"
-    if reason == "preempted":
-        cause, why = "preempted", f"preempted; checkpointed at step {note.get('step', after)}"
-    else:
-        cause = "crash"
-        why = f"crashed (rank {note.get('rank', '?')}{message})" if message else f"crashed (exit code {rc})"
+    match code:
+        case Exit.DONE:
+            return "done", "finished", f"finished at step {note.get('step', after)}"
+        case Exit.BAD_INPUT:
+            return "fail", "recipe", f"recipe error{message}"
+        case Exit.EXPORT_FAILED:
+            retry = f"; retry with: {note['command']}" if note.get("command") else ""
+            return "fail", "export failed", f"training complete, export failed{message}{retry}; not restarting"
+        case Exit.SKIPPED_OUT:
+            at = f" up to step {note['step']}" if "step" in note else ""
+            last = f"; last complete checkpoint: {note['checkpoint']}" if note.get("checkpoint") else ""
+            return "fail", "skipped out", f"too many consecutive skipped steps{at}{last}; not restarting"
+        case Exit.NO_SPACE:
+            return "fail", "no space", f"no space for a checkpoint{message}; not restarting"
+        case Exit.PREEMPTED:
+            cause, why = "preempted", f"preempted; checkpointed at step {note.get('step', after)}"
+        case _:
+            cause = "crash"
+            why = f"crashed (rank {note.get('rank', '?')}{message})" if message else f"crashed (exit code {rc})"
     if after <= before:
         return "fail", cause, f"{why}, with no new checkpoint since step {before}: not restarting"
     if cause == "crash" and crashes_per_day and recent_crashes >= crashes_per_day:

@@ -21,8 +21,9 @@ from pathlib import Path
 
 from launch.attempts import begin, end, exit_file
 from launch.sbatch import SIGNALS_TO_HANDLE
-from rundir import EXIT_FILE_ENV, REPO
+from rundir import REPO
 from train import recipe as R
+from train.exits import EXIT_FILE_ENV, Exit
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -44,7 +45,7 @@ def main(argv=None) -> int:
             raise R.RecipeError("\n".join(problems))
     except R.RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     run, job = recipe.output_dir, f"local-{os.getpid()}"
     cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", f"--nproc-per-node={args.nproc}",
            f"--signals-to-handle={SIGNALS_TO_HANDLE}", str(REPO / "train.py"), "--recipe", args.recipe,

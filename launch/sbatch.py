@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launch.attempts import exit_file, launcher_dir
-from rundir import EXIT_FILE_ENV, REPO
+from rundir import REPO
+from train.exits import EXIT_FILE_ENV
 
 SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 

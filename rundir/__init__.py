@@ -14,9 +14,9 @@ a SLURM batch script can use it::
     <run>/launcher/                   attempts.jsonl, exit.json, the frozen recipe
     <run>/hf/                         the end-of-run Hugging Face export (default)
 
-It also holds what every entry point shares: the repo root (``REPO``),
-train.py's exit codes and exit-note variable, and the one ``--set key=value``
-grammar (``parse_set``) of train.py, convert and eval.run.
+It also holds what every entry point shares: the repo root (``REPO``) and the
+one ``--set key=value`` grammar (``parse_set``) of train.py, convert and
+eval.run. train.py's exit codes are ``train.exits``'.
 """
 
 from __future__ import annotations
@@ -37,16 +37,6 @@ CHECKPOINTS_DIR = "checkpoints"
 LAUNCHER_DIR = "launcher"
 LAUNCHES_DIR = "launches"
 EXPORT_DIR = "hf"  # the end-of-run Hugging Face export, unless [checkpoint] export_dir says otherwise
-
-# train.py writes why it stopped to the file this variable names (launcher/exit.json).
-EXIT_FILE_ENV = "LANEFORMER_EXIT_FILE"
-# train.py's exit codes, read by the launchers.
-EXIT_DONE = 0
-EXIT_CRASH = 1
-EXIT_BAD_INPUT = 2  # a recipe or input error: nothing was started
-EXIT_EXPORT_FAILED = 3  # training complete and checkpointed; the end-of-run export failed: do not requeue
-EXIT_SKIPPED_OUT = 4  # too many consecutive skipped steps: do not requeue
-EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: checkpointed on a signal, run me again
 
 _STEP = re.compile(r"step-(\d+)")
 
@@ -89,10 +79,29 @@ def latest_complete_checkpoint(run: Path) -> Path | None:
     return None if step is None else step_dir(run, step)
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    """Every row of a JSON-lines file, oldest first; [] if it does not exist. A last line cut
+    by a kill (no newline, not JSON) is dropped; any other bad line raises ValueError naming
+    the file and line."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    text = path.read_text()
+    lines = text.splitlines()
+    rows = []
+    for n, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except ValueError as e:
+            if n == len(lines) and not text.endswith("\n"):
+                break  # the writer was killed mid-line
+            raise ValueError(f"{path}: line {n}: not a JSON object ({e}): {line[:80]!r}") from None
+    return rows
+
+
 def read_metrics(run: Path) -> list[dict]:
     """Every row of a run's ``metrics.jsonl``, oldest first; [] before the first is logged."""
-    path = Path(run) / METRICS_FILE
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return read_jsonl(Path(run) / METRICS_FILE)
 
 
 def model_config_file(path: Path) -> Path:

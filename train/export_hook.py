@@ -8,7 +8,7 @@ and the latest eval numbers of the run.
 It runs after training, once the final checkpoint is on disk, so a failed
 export loses nothing: it raises ``ExportFailed`` on every rank with the
 ``convert to-hf`` command that redoes it from that checkpoint, and train.py
-exits ``EXIT_EXPORT_FAILED`` (not requeued: training is complete).
+exits ``Exit.EXPORT_FAILED`` (not requeued: training is complete).
 """
 
 from __future__ import annotations
@@ -22,11 +22,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from rundir import EXIT_EXPORT_FAILED
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
-from train.preemption import StopRun
+from train.exits import Exit, StopRun
 
 if TYPE_CHECKING:
     from train.trainer import LaneformerTrainer
@@ -38,7 +37,7 @@ def latest_evals(run_dir: Path) -> dict[str, float] | None:
 
 
 class ExportFailed(StopRun):
-    code, reason = EXIT_EXPORT_FAILED, "training complete, export failed"
+    code = Exit.EXPORT_FAILED
 
 
 class ExportHook(Configurable):

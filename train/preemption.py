@@ -7,9 +7,7 @@ checkpoint save, so the handler only sets a flag. After every step all ranks
 all-reduce the flag (MAX): they agree on the same step, save there together and
 leave. A flag set during an eval or a save stays set until the next boundary.
 
-torchrun hides its workers' exit codes, so the reason a process stopped is also
-written to ``$LANEFORMER_EXIT_FILE`` (when a launcher sets it) for the launcher
-to decide between resubmitting and giving up. The codes are ``rundir``'s.
+train.py notes the exit for the launcher (``train.exits``).
 
 The flag is agreed on over a CPU (gloo) group and read as host memory, so the
 check after every step never waits for the GPU.
@@ -17,25 +15,20 @@ check after every step never waits for the GPU.
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from rundir import EXIT_FILE_ENV, EXIT_PREEMPTED as PREEMPTED
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
+from train.exits import Exit
+
 if TYPE_CHECKING:
     from train.trainer import LaneformerTrainer
-
-__all__ = ["EXIT_FILE_ENV", "PREEMPTED", "Preempted", "PreemptionHook", "StopRun", "catch_signals", "note_exit"]
-
 
 class Preempted(SystemExit):
     """Raised after the preemption checkpoint is on disk. A SystemExit, so no
@@ -43,20 +36,8 @@ class Preempted(SystemExit):
     record it as an error."""
 
     def __init__(self, step: int):
-        super().__init__(PREEMPTED)
+        super().__init__(Exit.PREEMPTED)
         self.step = step
-
-
-class StopRun(Exception):
-    """Training ended on purpose but not as planned (e.g. the export failed, too many skipped
-    steps): train.py prints the message, notes ``reason`` and ``details`` and exits ``code``."""
-
-    code: int = 1
-    reason: str = "stopped"
-
-    def __init__(self, text: str, /, **details):
-        super().__init__(text)
-        self.details = details
 
 
 SIGNALS = (signal.SIGUSR1,)
@@ -104,18 +85,3 @@ class PreemptionHook(Configurable):
         # recipe never saves model-only), synchronous after waiting for an async save.
         trainer.checkpointer.save(trainer.step, last_step=True)
         raise Preempted(trainer.step)
-
-
-def note_exit(code: int, reason: str, **details) -> None:
-    """Tell the launcher why this process stops (first writer wins: the first rank to
-    fail usually names the cause)."""
-    path = os.environ.get(EXIT_FILE_ENV)
-    if not path:
-        return
-    record = {"code": code, "reason": reason, **details, "rank": int(os.environ.get("RANK", 0)),
-              "time": datetime.now(timezone.utc).isoformat()}
-    try:
-        with open(path, "x") as f:
-            f.write(json.dumps(record) + "\n")
-    except FileExistsError:
-        pass

@@ -30,7 +30,7 @@ import torch.distributed as dist
 import tyro
 from torch.distributed.checkpoint.api import CheckpointException
 
-from rundir import EXIT_SKIPPED_OUT, METRICS_FILE, is_complete, latest_complete_checkpoint, step_number
+from rundir import METRICS_FILE, is_complete, latest_complete_checkpoint, step_number
 from torchtitan.components.checkpointer import CheckpointManager
 from torchtitan.components.checkpointer.base import LR_SCHEDULER
 from torchtitan.components.metrics import LoggerContainer
@@ -42,7 +42,7 @@ from torchtitan.trainer import Trainer
 
 from train.guard import StepGuard
 from train.hooks import Hook, LogSourceTokens, MetricsJsonl, last_logged
-from train.preemption import StopRun
+from train.exits import Exit, StopRun
 from train.recipe import Recipe
 
 
@@ -182,7 +182,7 @@ class MilestoneCheckpointManager(CheckpointManager):
 
 
 class SkippedOut(StopRun):
-    code, reason = EXIT_SKIPPED_OUT, "too many consecutive skipped steps"
+    code = Exit.SKIPPED_OUT
 
 
 class LaneformerTrainer(Trainer):

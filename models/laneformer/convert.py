@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         args.run(args)
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(rundir.EXIT_BAD_INPUT)
+        sys.exit(2)  # bad input, as argparse's own usage errors
 
 
 if __name__ == "__main__":

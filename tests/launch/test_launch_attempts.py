@@ -12,27 +12,30 @@ import pytest
 import torch
 
 from launch import attempts
-from rundir import EXIT_EXPORT_FAILED, EXIT_SKIPPED_OUT
-from train import preemption
-from train.preemption import PREEMPTED, Preempted, PreemptionHook, note_exit
+from train import exits, preemption
+from train.exits import Exit, note_exit
+from train.preemption import Preempted, PreemptionHook
 
 
 @pytest.mark.parametrize("rc, note, before, after, crashes, expected", [
     (0, {}, 0, 12, 0, ("done", "finished")),
-    (1, {"reason": "finished", "step": 12}, 8, 12, 0, ("done", "finished")),  # torchrun itself was signalled
-    (1, {"reason": "recipe error", "message": "bad key"}, 0, 0, 0, ("fail", "recipe")),
-    (1, {"reason": "preempted", "step": 7}, 4, 7, 9, ("restart", "preempted")),  # not counted as a crash
-    (1, {"reason": "error", "message": "boom", "rank": 1}, 4, 8, 0, ("restart", "crash")),
+    (1, {"code": Exit.DONE, "step": 12}, 8, 12, 0, ("done", "finished")),  # torchrun itself was signalled
+    (1, {"code": Exit.BAD_INPUT, "message": "bad key"}, 0, 0, 0, ("fail", "recipe")),
+    (Exit.BAD_INPUT, {}, 0, 0, 0, ("fail", "recipe")),  # train.py alone: its own status
+    (1, {"code": Exit.PREEMPTED, "step": 7}, 4, 7, 9, ("restart", "preempted")),  # not counted as a crash
+    (1, {"code": Exit.CRASH, "message": "boom", "rank": 1}, 4, 8, 0, ("restart", "crash")),
+    (1, {"reason": "finished"}, 4, 8, 0, ("restart", "crash")),  # the words decide nothing, the code does
     (1, {}, 4, 8, 2, ("restart", "crash")),
     (1, {}, 4, 8, 3, ("fail", "crash")),  # 3 crash restarts in the last 24 h: the rate is spent
-    (1, {"reason": "error", "message": "boom", "rank": 0}, 8, 8, 0, ("fail", "crash")),  # no progress
-    # train.py's "training complete, export failed" and "too many skipped steps": never requeued,
-    # even with progress and budget left (torchrun hides the code: the note carries it)
-    (1, {"code": EXIT_EXPORT_FAILED, "reason": "export failed", "message": "disk full"}, 8, 12, 0,
-     ("fail", "export failed")),
-    (EXIT_EXPORT_FAILED, {}, 8, 12, 0, ("fail", "export failed")),
-    (1, {"code": EXIT_SKIPPED_OUT, "reason": "skipped out", "message": "100 skipped"}, 4, 8, 0,
-     ("fail", "skipped out")),
+    (1, {"code": Exit.CRASH, "message": "boom", "rank": 0}, 8, 8, 0, ("fail", "crash")),  # no progress
+    # train.py's "training complete, export failed", "too many skipped steps" and "no space for a
+    # checkpoint": never requeued, even with progress and budget left (torchrun hides the code:
+    # the note carries it)
+    (1, {"code": Exit.EXPORT_FAILED, "message": "disk full"}, 8, 12, 0, ("fail", "export failed")),
+    (Exit.EXPORT_FAILED, {}, 8, 12, 0, ("fail", "export failed")),
+    (1, {"code": Exit.SKIPPED_OUT, "message": "100 skipped"}, 4, 8, 0, ("fail", "skipped out")),
+    (1, {"code": Exit.NO_SPACE, "message": "runs/x: 1 MB free"}, 4, 8, 0, ("fail", "no space")),
+    (Exit.NO_SPACE, {}, 4, 8, 0, ("fail", "no space")),
 ])
 def test_the_restart_rule(rc, note, before, after, crashes, expected):
     action, cause, why = attempts.decide(rc, note, before, after, crashes, crashes_per_day=3)
@@ -45,15 +48,15 @@ def test_without_a_rate_crashes_after_progress_always_restart():
 
 
 def test_stop_reasons_say_why():
-    assert attempts.decide(1, {"reason": "recipe error", "message": "x.toml: [data] nope\nmore"},
+    assert attempts.decide(1, {"code": Exit.BAD_INPUT, "message": "x.toml: [data] nope\nmore"},
                            0, 0, 0, 3)[2] == "recipe error: x.toml: [data] nope"
     assert "no new checkpoint since step 8" in attempts.decide(1, {}, 8, 8, 0, 3)[2]
     # the details train.py's StopRun notes: ExportFailed(message, command), SkippedOut(step, checkpoint)
-    why = attempts.decide(1, {"code": EXIT_EXPORT_FAILED, "message": "OSError: disk full",
+    why = attempts.decide(1, {"code": Exit.EXPORT_FAILED, "message": "OSError: disk full",
                               "command": "python -m models.laneformer.convert to-hf runs/x runs/x/hf"}, 8, 12, 0, 3)[2]
     assert why == ("training complete, export failed: OSError: disk full; retry with: "
                    "python -m models.laneformer.convert to-hf runs/x runs/x/hf; not restarting")
-    why = attempts.decide(1, {"code": EXIT_SKIPPED_OUT, "step": 9, "checkpoint": "runs/x/checkpoints/step-8"},
+    why = attempts.decide(1, {"code": Exit.SKIPPED_OUT, "step": 9, "checkpoint": "runs/x/checkpoints/step-8"},
                           4, 8, 0, 3)[2]
     assert why == ("too many consecutive skipped steps up to step 9; last complete checkpoint: "
                    "runs/x/checkpoints/step-8; not restarting")
@@ -127,11 +130,12 @@ def test_a_python_error_pins_no_node(tmp_path):
 
 
 def test_begin_clears_the_previous_exit_note(tmp_path, monkeypatch):
-    monkeypatch.setenv(preemption.EXIT_FILE_ENV, str(attempts.exit_file(tmp_path)))
+    monkeypatch.setenv(exits.EXIT_FILE_ENV, str(attempts.exit_file(tmp_path)))
     attempts.begin(tmp_path, "1")
-    note_exit(PREEMPTED, "preempted", step=3)
-    note_exit(1, "error", message="a later rank's symptom")  # first writer wins
-    assert json.loads(attempts.exit_file(tmp_path).read_text())["reason"] == "preempted"
+    note_exit(Exit.PREEMPTED, step=3)
+    note_exit(Exit.CRASH, message="a later rank's symptom")  # first writer wins
+    note = json.loads(attempts.exit_file(tmp_path).read_text())
+    assert (note["code"], note["reason"], note["step"]) == (75, "preempted", 3)  # the reason follows the code
     attempts.begin(tmp_path, "1")
     assert not attempts.exit_file(tmp_path).exists()
 
@@ -173,7 +177,7 @@ def test_a_signal_during_the_step_saves_at_that_step_and_exits_75(hook):
     with pytest.raises(Preempted) as stop:
         hook.after_step(trainer)
     assert trainer.saves == [(4, True)]  # last_step=True: torchtitan's forced, synchronous save
-    assert stop.value.code == PREEMPTED and stop.value.step == 4
+    assert stop.value.code == Exit.PREEMPTED == 75 and stop.value.step == 4
 
 
 def test_a_signal_during_a_checkpoint_save_is_kept_for_the_next_boundary(hook):

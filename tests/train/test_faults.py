@@ -12,6 +12,7 @@ import sys
 import torch
 
 import rundir
+from train.exits import EXIT_FILE_ENV, Exit
 from tests.helpers import REPO, env, free_port, losses, metrics
 
 SHORT = ("training.seq_len=64", "training.global_batch=8", "training.micro_batch=4", "schedule.warmup_steps=2",
@@ -36,7 +37,7 @@ def train_rank0(run, *sets, inject: str = "", exit_file=None) -> subprocess.Comp
     extra = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     if exit_file:
-        extra[rundir.EXIT_FILE_ENV] = str(exit_file)
+        extra[EXIT_FILE_ENV] = str(exit_file)
     return subprocess.run([sys.executable, "-c", RUN.format(repo=str(REPO), inject=inject, args=args)],
                           cwd=REPO, env={**env(), **extra}, capture_output=True, text=True, timeout=600)
 
@@ -62,7 +63,7 @@ def test_a_failed_export_keeps_the_final_checkpoint_exits_3_and_says_how_to_retr
     run, note = tmp_path / "run", tmp_path / "exit.json"
     result = train_rank0(run, "training.steps=3", "checkpoint.interval=100", "checkpoint.export_hf=true",
                          inject=FAIL_EXPORT, exit_file=note)
-    assert result.returncode == rundir.EXIT_EXPORT_FAILED, result.stderr[-3000:]
+    assert result.returncode == Exit.EXPORT_FAILED, result.stderr[-3000:]
     assert rundir.latest_complete_step(run) == 3  # the final save happened before the export
     record = json.loads(note.read_text())
     assert record["code"] == 3 and record["reason"] == "training complete, export failed"
@@ -106,7 +107,7 @@ def test_runaway_skipping_stops_with_exit_4_naming_the_last_checkpoint(tmp_path)
     # Two micro-batches per step: steps 1-2 are fine, every step from 3 on is NaN.
     result = train_rank0(run, "training.steps=30", "checkpoint.interval=2", "training.max_consecutive_skips=3",
                          inject=ALL_NAN_FROM.format(first_bad_call=4), exit_file=note)
-    assert result.returncode == rundir.EXIT_SKIPPED_OUT, result.stderr[-3000:]
+    assert result.returncode == Exit.SKIPPED_OUT, result.stderr[-3000:]
     record = json.loads(note.read_text())
     assert record["reason"] == "too many consecutive skipped steps" and record["step"] == 5
     last = rundir.latest_complete_checkpoint(run)
