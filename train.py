@@ -82,7 +82,7 @@ def main(argv=None) -> int:
             from train.plan import make_plan
 
             p = make_plan(recipe, gpus=args.gpus, gpu=args.gpu, with_sweep=args.sweep, with_ops=args.ops,
-                          with_kernels=args.compiled)  # TODO(issue 21): with_compiled once compiled.py lands
+                          with_kernels=args.compiled)
             print(json.dumps(p.to_json(), indent=1) if args.json else "\n".join(p.lines()))
             return Exit.DONE
         checked = preflight(recipe, int(os.environ.get("WORLD_SIZE", 1)))
@@ -98,8 +98,10 @@ def main(argv=None) -> int:
             problems = problems or [str(e)]  # preflight reports what stops the plan
     if problems:
         print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
-        note_exit(Exit.BAD_INPUT, message="\n".join(problems))
-        return Exit.BAD_INPUT
+        full = checked is not None and checked.no_space and len(problems) == 1  # only the disk is wrong
+        code = Exit.NO_SPACE if full else Exit.BAD_INPUT
+        note_exit(code, message="\n".join(problems))
+        return code
     if args.dry_run:
         print("checks: all passed; a launch would start")
         return Exit.DONE

@@ -16,7 +16,7 @@ Four checks, a table, and ``gpu_check.json``:
    one fixed batch: the loss falls (mean of the last 5 below the first 5), and
    no graph is compiled after the warm-up steps (dynamo's unique-graph count).
 3. 2B: one GPU at the planner's recommended setting (``train.py --plan
-   --sweep``; the recipe's micro batch and AC when no recommendation is
+   --sweep --json``; the recipe's micro batch and AC when no recommendation is
    printed, said in the output): tokens/s, MFU and measured peak memory
    (``torch.cuda.max_memory_allocated``, through ``bench.gpu_throughput``'s
    production path), beside the planner's ``peak memory per GPU`` as a ratio.
@@ -37,7 +37,6 @@ import argparse
 import dataclasses
 import gc
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -49,10 +48,8 @@ import torch
 from bench import common, gpu_throughput, lanes_vs_dense
 from models.laneformer import laneformer_configs
 from rundir import REPO
+from train.plan.gpus import gpu_for_device
 
-PEAK_LINE = re.compile(r"peak memory per GPU: ([\d.]+) GiB of ([\d.]+) GiB \((fits|does not fit)\)")
-# The sweep's recommendation: a line naming "recommend", a micro batch and an AC mode, in any order.
-RECOMMEND_LINE = re.compile(r"^.*recommend.*$", re.IGNORECASE | re.MULTILINE)
 
 
 @dataclasses.dataclass
@@ -162,16 +159,18 @@ def check_training(flavor: str, sizes: Sizes, dev: torch.device) -> dict:
 
 
 class Planner:
-    """``train.py --recipe R --plan --gpus 1 --gpu G [--set ...]`` running in the background."""
+    """``train.py --recipe R --plan --json --gpus 1 --gpu G [--set ...]`` running in the background."""
 
     def __init__(self, recipe: str, gpu: str, *sets: str):
         args = [a for s in sets for a in (["--sweep"] if s == "--sweep" else ["--set", s])]
-        self.cmd = [sys.executable, str(REPO / "train.py"), "--recipe", recipe, "--plan", "--gpus", "1",
+        self.cmd = [sys.executable, str(REPO / "train.py"), "--recipe", recipe, "--plan", "--json", "--gpus", "1",
                     "--gpu", gpu, *args]
-        self.log = tempfile.TemporaryFile("w+")  # a file, not a pipe: nothing blocks while we do not read
-        self.proc = subprocess.Popen(self.cmd, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, text=True)
+        # Files, not pipes: nothing blocks while we do not read.
+        self.out, self.err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(self.cmd, cwd=REPO, stdout=self.out, stderr=self.err, text=True)
 
-    def output(self, timeout: float) -> str:
+    def result(self, timeout: float) -> tuple[dict | None, str]:
+        """(the plan's JSON, or None; the tail of its stderr and why there is no JSON)."""
         try:
             self.proc.wait(timeout=timeout)
             note = ""
@@ -179,24 +178,13 @@ class Planner:
             self.proc.kill()
             self.proc.wait()
             note = f"\n(planner killed after waiting {timeout:.0f} s more)"
-        self.log.seek(0)
-        return self.log.read() + note
-
-
-def parse_recommendation(text: str) -> tuple[int, str] | None:
-    """(micro batch, AC) of the sweep's recommendation line, or None."""
-    for line in RECOMMEND_LINE.findall(text):
-        mb = re.search(r"micro[ _-]?batch\D{0,3}(\d+)", line, re.IGNORECASE)
-        ac = re.search(r"\b(none|selective|full)\b", line, re.IGNORECASE)
-        if mb and ac:
-            return int(mb.group(1)), ac.group(1).lower()
-    return None
-
-
-def parse_peak(text: str) -> dict | None:
-    m = PEAK_LINE.search(text)
-    return None if m is None else {"peak_gib": float(m.group(1)), "gpu_gib": float(m.group(2)),
-                                   "fits": m.group(3) == "fits"}
+        self.out.seek(0)
+        self.err.seek(0)
+        tail = self.err.read()[-2000:] + note
+        try:
+            return json.loads(self.out.read()), tail
+        except json.JSONDecodeError as e:
+            return None, f"{tail}\n(no JSON on stdout: {e})"
 
 
 def _recipe_setting(recipe: str) -> tuple[int, str]:
@@ -221,9 +209,10 @@ def _cpu_stand_in(sizes: Sizes, micro_batch: int) -> dict:
 
 def check_big(sizes: Sizes, gpu: str, sweep: Planner, cpu: bool) -> dict:
     """Check 3: the recommended setting measured, beside the planner's peak-memory prediction for it."""
-    rec = parse_recommendation(sweep.output(timeout=240))
+    swept, _ = sweep.result(timeout=420)
+    rec = swept and swept["recommended"]
     if rec:
-        (mb, ac), source = rec, "planner --sweep recommendation"
+        (mb, ac), source = (rec["micro_batch"], rec["ac"]), "planner --sweep recommendation"
     else:
         (mb, ac), source = _recipe_setting(sizes.recipe), f"{sizes.recipe} (the planner printed no recommendation)"
     plan = Planner(sizes.recipe, gpu, f"training.micro_batch={mb}", f"parallel.activation_checkpoint={ac}",
@@ -238,8 +227,8 @@ def check_big(sizes: Sizes, gpu: str, sweep: Planner, cpu: bool) -> dict:
         rows = gpu_throughput.main(["--flavors", sizes.big_flavor, "--seq", str(sizes.big_seq), "--ac", ac,
                                     "--micro-batches", str(mb), "--warmup", "3", "--steps", "10"])
         row = rows[0] if rows else {}
-    plan_text = plan.output(timeout=240)
-    predicted = parse_peak(plan_text)
+    planned, plan_tail = plan.result(timeout=420)
+    predicted = planned and planned["memory"]
     measured = float(row["peak GiB"]) if "tps" in row and not cpu else None
     out = {"setting_source": source, "micro_batch": mb, "ac": ac, "seq": sizes.big_seq,
            "tokens_per_s": row.get("tps"), "mfu": row.get("mfu"), "measured_peak_gib": measured,
@@ -247,7 +236,7 @@ def check_big(sizes: Sizes, gpu: str, sweep: Planner, cpu: bool) -> dict:
            "measured_over_predicted": measured / predicted["peak_gib"] if measured and predicted else None,
            "error": row.get("tokens/s/GPU") if "tps" not in row else None, "gib_held_before": held}
     if predicted is None:
-        out["planner_output_tail"] = plan_text[-2000:]
+        out["planner_output_tail"] = plan_tail
     out["ok"] = "tps" in row and predicted is not None
     return out
 
@@ -265,8 +254,7 @@ def check_lanes_vs_dense(sizes: Sizes, cpu: bool) -> dict:
 
 def gpu_kind(device_name: str) -> str:
     """The planner's --gpu name for a CUDA device name (h100 when unknown)."""
-    name = device_name.lower()
-    return next((k for k in ("h200", "h100", "a100", "mi300x") if k in name), "h100")
+    return gpu_for_device(device_name) or "h100"
 
 
 def main(argv: list[str] | None = None) -> int:

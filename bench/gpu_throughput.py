@@ -8,8 +8,8 @@ and fp32 reductions) on a 1-rank process group, then trained on synthetic
 tokens (pure causal attention, no document masks) with fused AdamW.
 
 MFU = FLOPs/token (models.laneformer.flops, 6N + attention, AC recompute not
-counted) x tokens/s / peak, peak = 989 TFLOP/s bf16 for an H100 or H200 (the
-H200 has the H100's compute and more memory). Each setting is compiled from
+counted) x tokens/s / peak, peak = the bf16 datasheet peak of ``train/plan/gpus.py``
+(989 TFLOP/s for an H100 or H200: the H200 has the H100's compute and more memory). Each setting is compiled from
 scratch (dynamo reset), so the sweep takes a few minutes per setting; a
 micro batch that runs out of memory ends that AC setting's sweep.
 
@@ -30,7 +30,6 @@ import torch
 
 from bench import common
 
-PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
 DEFAULT_MICRO_BATCHES = {"100M": "8,16,32", "2B": "2,4,8", "tiny": "2"}
 
 
@@ -40,7 +39,11 @@ def mfu(flops_per_token: float, tokens_per_s: float, peak: float) -> float:
 
 
 def peak_flops(device_name: str) -> float | None:
-    return next((v for k, v in PEAK_BF16.items() if k in device_name), None)
+    """bf16 peak FLOP/s of a CUDA device name, from the planner's GPU table (None: not in it)."""
+    from train.plan.gpus import GPUS, gpu_for_device
+
+    kind = gpu_for_device(device_name)
+    return None if kind is None else GPUS[kind].peak_flops("bfloat16")
 
 
 def ac_config(name: str):
@@ -132,7 +135,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--peak-tflops", type=float, default=None, help="bf16 peak, for GPUs other than H100/H200")
+    p.add_argument("--peak-tflops", type=float, default=None, help="bf16 peak, for GPUs not in train/plan/gpus.py")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_throughput: no CUDA GPU found; this benchmark measures GPU throughput and MFU, "

@@ -1,4 +1,4 @@
-"""train/plan.py: the dry-run report, the fake-tensor memory plan and the roofline.
+"""train/plan/: the dry-run report, the fake-tensor memory plan and the roofline.
 
 References: the analytic bytes of FSDP's sharded state (fp32 params, fp32
 grads, two fp32 AdamW moments: 16 B per parameter over N ranks), the

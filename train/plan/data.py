@@ -1,0 +1,54 @@
+"""The data part of ``train.py --dry-run``: planned vs available tokens, and the realized mix."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from train import recipe as R
+
+
+def data_report(recipe: R.Recipe) -> str:
+    """Every source's planned tokens, what it needs and its expected size (from the recipe alone,
+    before any download), then the sources on this machine as the loader opens them.
+
+    Raises ValueError when an opened source would be read beyond its max_epochs."""
+    from data.mixture import needs
+    from train.build import check_data, model_config
+
+    t, sources = recipe.training, recipe.data.sources
+    rows = needs(sources, t.seq_len, t.steps * t.global_batch)
+    lines = [f"data plan: {t.total_tokens:,} tokens; per source: planned tokens, the size that keeps it "
+             "within max_epochs, and its expected size (expected_tokens, by its card)"]
+    lines += [n.line() for n in rows]
+    short = [n.name for n in rows if n.fits is False]
+    unknown = [n.name for n in rows if n.fits is None]
+    lines.append("data plan: " + (f"SHORT: {', '.join(short)}" if short else "every expected size covers its needs")
+                 + (f"; not size-checked (no expected_tokens): {', '.join(unknown)}" if unknown else ""))
+    missing = [str(s.path) for s in sources if not os.path.exists(s.path)]
+    if missing:
+        lines.append(f"not on this machine yet: {', '.join(missing)}")
+    else:
+        lines.append(check_data(recipe, model_config(recipe)).describe())
+    return "\n".join(lines)
+
+
+def realized_mix(run_dir: Path, weights: dict[str, float]) -> str:
+    """Tokens consumed per source so far, from the run's metrics.jsonl."""
+    from rundir import read_metrics
+
+    rows = read_metrics(run_dir)
+    if not rows:
+        return f"realized mix: no metrics yet in {run_dir}"
+    consumed, step = {}, 0
+    for row in rows:
+        tokens = {k.removeprefix("data/tokens/"): v for k, v in row.items() if k.startswith("data/tokens/")}
+        if tokens:
+            consumed, step = tokens, row["step"]
+    total = sum(consumed.values()) or 1
+    norm = sum(weights.values()) or 1.0
+    lines = [f"realized mix at step {step} ({run_dir}):"]
+    lines += [f"  {name}: {n:,} tokens, share {n / total:.4f} (weight {weights.get(name, 0) / norm:.4f})"
+              for name, n in consumed.items()]
+    return "\n".join(lines)
+

@@ -1,0 +1,270 @@
+"""What the planner prints: ``train.py --dry-run`` and ``train.py --plan [--sweep --ops --compiled --json]``.
+
+    python train.py --recipe R --dry-run [--run DIR]
+    python train.py --recipe R --plan [--gpus N] [--gpu h100|h200|a100|mi300x] [--sweep] [--ops [--compiled]] [--json]
+
+``make_plan`` computes a ``Plan`` (memory, rooflines, the compiled estimate,
+the sweep); ``Plan.lines`` writes it as text, one section per function, and
+``Plan.to_json`` as numbers for tools (``bench.gpu_check``). A new estimate
+adds a field to ``Plan``, a section to ``Plan.lines`` and a key to ``to_json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from train import recipe as R
+
+from .data import data_report, realized_mix
+from .gpus import GIB, GPUS, Gpu
+from .memory import Memory, memory_plan, memory_plans
+from .roofline import ROOFLINE_NOTE, Speed, ops_table, roofline, text_table
+from .step import AC_MODES, STAND_IN_NOTE, Shape
+
+MICRO_BATCHES = (1, 2, 4, 8, 16)
+
+
+# ---- dry run -----------------------------------------------------------------------------
+
+
+def run_report(recipe: R.Recipe, *, gpus: int, mfu: float, peak_tflops: float) -> str:
+    """Parameters, steps, tokens, FLOPs per token and the wall time at ``mfu``."""
+    from train.build import model_config
+
+    config = model_config(recipe)
+    with torch.device("meta"):
+        model = config.build()
+    t = recipe.training
+    nparams, flops = config.get_nparams_and_flops(model, t.seq_len)
+    seconds = t.total_tokens * flops / (mfu * peak_tflops * 1e12 * gpus)
+    return "\n".join([
+        f"recipe: {recipe.path}",
+        f"model: {recipe.model.flavor}, parameters: {nparams:,}",
+        f"tokens per step: {recipe.tokens_per_step:,} ({t.global_batch} x {t.seq_len})",
+        f"steps: {t.steps:,}  total tokens: {t.total_tokens:,}",
+        f"FLOPs per token: {flops:,} ({flops / 1e9:.2f} GFLOP)",
+        f"expected wall time: {seconds / 86400:.1f} days on {gpus} GPUs at {mfu:.0%} MFU "
+        f"of {peak_tflops:g} TFLOP/s ({t.total_tokens / seconds / gpus:,.0f} tokens/s/GPU)",
+        f"run dir: {recipe.output_dir}",
+    ])
+
+
+def dry_run(recipe: R.Recipe, *, gpus: int, mfu: float, peak_tflops: float, run_dir: Path | None = None) -> str:
+    """``train.py --dry-run``: the run report, the data plan and the realized mix."""
+    weights = {s.name: s.weight or 0.0 for s in recipe.data.sources}
+    return "\n".join([run_report(recipe, gpus=gpus, mfu=mfu, peak_tflops=peak_tflops), data_report(recipe),
+                      realized_mix(run_dir or recipe.output_dir, weights)])
+
+
+# ---- the sweep ---------------------------------------------------------------------------
+
+
+def _accumulation(recipe: R.Recipe, micro_batch: int, gpus: int) -> int | None:
+    """Micro batches per step that keep the recipe's global batch (None if it does not divide)."""
+    per_step = micro_batch * gpus
+    return recipe.training.global_batch // per_step if recipe.training.global_batch % per_step == 0 else None
+
+
+@dataclass
+class Setting:
+    """One micro batch x AC point of the sweep (memory and speed None: not traced)."""
+
+    ac: str
+    micro_batch: int
+    accumulation: int | None
+    memory: Memory | None = None
+    speed: Speed | None = None
+
+    @property
+    def usable(self) -> bool:
+        return self.memory is not None and self.memory.fits and self.accumulation is not None
+
+
+def rank_key(setting: Setting) -> float:
+    """What the sweep maximizes among usable settings: roofline tokens/s/GPU."""
+    return setting.speed.tokens_per_s
+
+
+@dataclass
+class Sweep:
+    gpus: int
+    gpu: Gpu
+    settings: list[Setting]
+
+    @property
+    def best(self) -> Setting | None:
+        return max((s for s in self.settings if s.usable), key=rank_key, default=None)
+
+
+def sweep(recipe: R.Recipe, config, gpus: int, gpu: Gpu) -> Sweep:
+    """Micro batch x AC: peak memory, fits, roofline. Each AC mode shards its model once for
+    all micro batches; a micro batch larger than one that does not fit is not traced."""
+    settings = []
+    for ac in AC_MODES:
+        shape = Shape.of(recipe, gpus, ac=ac)
+        memory = memory_plans(config, shape, gpu, MICRO_BATCHES, stop_when_full=True)
+        for mb in MICRO_BATCHES:
+            s = Setting(ac, mb, _accumulation(recipe, mb, gpus))
+            if mb in memory:
+                s.memory = memory[mb]
+                s.speed = roofline(config, dataclasses.replace(shape, micro_batch=mb), gpu,
+                                   accumulation=s.accumulation or 1)
+            settings.append(s)
+    return Sweep(gpus, gpu, settings)
+
+
+def sweep_lines(sw: Sweep, recipe: R.Recipe) -> list[str]:
+    rows = []
+    for s in sw.settings:
+        if s.memory is None:
+            rows.append([s.ac, s.micro_batch, "not traced", "no (a smaller micro batch does not fit)", "-", "-", "-"])
+        else:
+            rows.append([s.ac, s.micro_batch, f"{s.memory.peak / GIB:.2f}", "yes" if s.memory.fits else "no",
+                         s.accumulation or "does not divide", f"{s.speed.tokens_per_s:,.0f}", f"{s.speed.mfu:.1%}"])
+    lines = [f"sweep on {sw.gpus} x {sw.gpu.label} (roofline: {ROOFLINE_NOTE}):"]
+    lines += text_table(["AC", "micro batch", "peak GiB", "fits", "accumulation", "roofline tokens/s/GPU", "MFU"],
+                        [[str(c) for c in r] for r in rows])
+    best = sw.best
+    if best is None:
+        return lines + [f"recommended: nothing fits on {sw.gpu.label} at this global batch"]
+    return lines + [
+        f"recommended: micro batch {best.micro_batch}, activation checkpointing {best.ac} (the fastest that fits): "
+        f"{best.speed.tokens_per_s:,.0f} tokens/s/GPU, MFU {best.speed.mfu:.1%}, peak {best.memory.peak / GIB:.2f} "
+        f"GiB; gradient accumulation {best.accumulation} keeps {recipe.training.global_batch} sequences per step "
+        f"on {sw.gpus} GPUs"
+    ]
+
+
+# ---- the plan ----------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """Everything ``--plan`` computed for one recipe on ``gpus`` GPUs of kind ``gpu``."""
+
+    recipe: R.Recipe
+    config: object
+    gpus: int
+    gpu: Gpu
+    shape: Shape
+    accumulation: int | None
+    nparams: int
+    memory: Memory
+    lanes: Speed
+    dense: Speed | None
+    dense_error: str | None = None
+    compiled: CompiledEstimate | None = None
+    sweep: Sweep | None = None
+    ops: bool = False  # print one layer's per-op table
+    kernels: bool = False  # print the compiled estimate's per-kernel table
+
+    def header_lines(self) -> list[str]:
+        t, s = self.recipe.training, self.shape
+        return [
+            f"plan: {self.recipe.path}: {self.recipe.model.flavor} ({self.nparams:,} parameters) on {self.gpus} x "
+            f"{self.gpu.label}, FSDP2 over {self.gpus} ranks, {s.param_dtype} params, {s.reduce_dtype} reductions",
+            f"micro batch {s.micro_batch} x {t.seq_len} tokens, activation checkpointing {s.ac}, "
+            f"gradient accumulation {self.accumulation} ({t.global_batch} sequences per step)",
+            f"eager, one step traced on fake tensors; {STAND_IN_NOTE}",
+        ]
+
+    def roofline_lines(self) -> list[str]:
+        lines = [self.lanes.line()]
+        if self.dense is None:
+            return lines + [f"dense twin roofline: none ({self.dense_error})"]
+        return lines + [self.dense.line("dense twin roofline"),
+                        f"lanes/dense roofline step ratio: {self.lanes.step_s / self.dense.step_s:.2f} "
+                        f"(the twin: torchtitan llama3 with equal parameters and the same attention windows)"]
+
+    def compiled_lines(self) -> list[str]:
+        return [] if self.compiled is None else self.compiled.lines()
+
+    def ops_lines(self) -> list[str]:
+        lines = []
+        if self.ops and self.dense is not None:
+            lines += ["", *ops_table(self.lanes, self.dense, layer=self.config.n_layers // 2)]
+        if self.kernels and self.compiled is not None:
+            lines += ["", *self.compiled.kernel_table()]
+        return lines
+
+    def sweep_lines(self) -> list[str]:
+        return [] if self.sweep is None else ["", *sweep_lines(self.sweep, self.recipe)]
+
+    def lines(self) -> list[str]:
+        """The text, section by section (a new estimate adds its section here)."""
+        return [*self.header_lines(), *self.memory.lines(), *self.roofline_lines(), *self.compiled_lines(),
+                *self.ops_lines(), *self.sweep_lines()]
+
+    def to_json(self) -> dict:
+        """The plan's numbers, for tools (bench.gpu_check): GiB, tokens/s/GPU, MFU as a fraction."""
+        speed = lambda s: None if s is None else {"tokens_per_s": s.tokens_per_s, "mfu": s.mfu,  # noqa: E731
+                                                  "step_s": s.step_s}
+        out = {
+            "recipe": str(self.recipe.path), "flavor": self.recipe.model.flavor, "parameters": self.nparams,
+            "gpus": self.gpus, "gpu": self.gpu.label, "micro_batch": self.shape.micro_batch,
+            "seq_len": self.shape.seq_len, "ac": self.shape.ac, "accumulation": self.accumulation,
+            "memory": self.memory.to_json(),
+            "roofline": speed(self.lanes), "dense_roofline": speed(self.dense),
+            "lanes_dense_ratio": None if self.dense is None else self.lanes.step_s / self.dense.step_s,
+            "compiled": None if self.compiled is None else self.compiled.to_json(),
+            "recommended": None,
+        }
+        if self.sweep is not None:
+            out["sweep"] = [{"ac": s.ac, "micro_batch": s.micro_batch, "accumulation": s.accumulation,
+                             "peak_gib": s.memory and s.memory.peak / GIB, "fits": s.memory and s.memory.fits,
+                             "tokens_per_s": s.speed and s.speed.tokens_per_s, "mfu": s.speed and s.speed.mfu}
+                            for s in self.sweep.settings]
+            if (best := self.sweep.best) is not None:
+                out["recommended"] = {"micro_batch": best.micro_batch, "ac": best.ac,
+                                      "accumulation": best.accumulation, "tokens_per_s": best.speed.tokens_per_s,
+                                      "mfu": best.speed.mfu, "peak_gib": best.memory.peak / GIB}
+        return out
+
+
+def make_plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_sweep: bool = False, with_ops: bool = False,
+              with_compiled: bool = False, with_kernels: bool = False) -> Plan:
+    """Memory, eager rooflines (lanes and the dense twin), the compiled estimate (unless not
+    ``with_compiled``: launch.slurm needs only the memory), optionally the sweep and tables."""
+    from train.build import model_config
+
+    if gpu not in GPUS:
+        raise R.RecipeError(f"unknown GPU kind {gpu!r}; known: {', '.join(GPUS)}")
+    kind = GPUS[gpu]
+    config = model_config(recipe)
+    t = recipe.training
+    if t.seq_len > config.max_seq_len:
+        raise R.RecipeError(f"{recipe.path}: [training] seq_len {t.seq_len} exceeds the model's max_seq_len "
+                            f"{config.max_seq_len}")
+    R.check_world(recipe, gpus)
+    shape = Shape.of(recipe, gpus)
+    acc = _accumulation(recipe, shape.micro_batch, gpus)
+    with torch.device("meta"):
+        nparams = sum(p.numel() for p in config.build().parameters())
+    memory = memory_plan(config, shape, kind)
+    lanes = roofline(config, shape, kind, accumulation=acc)
+    dense, dense_error = None, None
+    try:
+        dense = roofline(config, shape, kind, accumulation=acc, dense_twin=True)
+    except ValueError as e:  # a shape llama3 cannot take
+        dense_error = str(e)
+    p = Plan(recipe, config, gpus, kind, shape, acc, nparams, memory, lanes, dense, dense_error, ops=with_ops,
+             kernels=with_kernels)
+    if with_compiled:
+        from .compiled import compiled_estimate
+
+        p.compiled = compiled_estimate(config, shape, kind, accumulation=acc or 1, optimizer_s=lanes.optimizer_s,
+                                       dense_optimizer_s=dense and dense.optimizer_s)
+    if with_sweep:
+        p.sweep = sweep(recipe, config, gpus, kind)
+    return p
+
+
+def plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_compiled: bool = False) -> tuple[str, bool]:
+    """The plan's text (memory and eager rooflines; launch.slurm's check before the queue) and whether
+    the recipe's setting fits ``gpus`` GPUs of kind ``gpu``."""
+    p = make_plan(recipe, gpus=gpus, gpu=gpu, with_compiled=with_compiled)
+    return "\n".join(p.lines()), p.memory.fits
