@@ -39,8 +39,10 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import rundir
 from rundir import LAUNCHER_DIR, latest_complete_step
 from train.exits import Exit
+from train.storage import NoSpace, free_bytes, is_out_of_space
 
 # A rank that died of one of these was killed by the node (OOM killer, bad memory, a crash
 # in native code), not told to stop; torchrun logs "failed (exitcode: -N) local_rank: ...".
@@ -84,10 +86,23 @@ def job_info(job_id: str) -> dict[str, str]:
 
 def _append(run: Path, event: dict) -> dict:
     event = {**event, "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    launcher_dir(run).mkdir(parents=True, exist_ok=True)
-    with open(launcher_dir(run) / "attempts.jsonl", "a") as f:
-        f.write(json.dumps(event) + "\n")
+    try:
+        launcher_dir(run).mkdir(parents=True, exist_ok=True)
+        with open(launcher_dir(run) / "attempts.jsonl", "a") as f:
+            f.write(json.dumps(event) + "\n")
+    except OSError as e:
+        if not is_out_of_space(e):
+            raise
+        latest = rundir.latest_complete_checkpoint(run)
+        size = f"; the latest checkpoint ({latest}) takes {checkpoint_size(latest):,} bytes" if latest else ""
+        raise NoSpace(f"no space to record the {event['event']} of job {event['job']} in {launcher_dir(run)}: "
+                      f"{free_bytes(run):,} bytes free{size}. Free space or move the run dir") from e
     return event
+
+
+def checkpoint_size(step_dir: Path) -> int:
+    """Bytes of a checkpoint on disk."""
+    return sum(f.stat().st_size for f in Path(step_dir).rglob("*") if f.is_file())
 
 
 def begin(run: Path, job: str, **info) -> dict:
@@ -214,11 +229,15 @@ def main(argv=None) -> int:
     p.add_argument("--rc", type=int, help="end: the exit status of the training processes")
     p.add_argument("--crashes-per-day", type=int, default=0, help="end: crash restarts allowed per 24 h (0: any)")
     args = p.parse_args(argv)
-    if args.what == "begin":
-        event = begin(args.run, args.job, restart=args.restart, nodes=args.nodes)
-        print(f"start {args.restart} of job {args.job} from step {event['step']}", file=sys.stderr)
-        return 0
-    event = end(args.run, args.job, args.rc, args.crashes_per_day, args.nodes)
+    try:
+        if args.what == "begin":
+            event = begin(args.run, args.job, restart=args.restart, nodes=args.nodes)
+            print(f"start {args.restart} of job {args.job} from step {event['step']}", file=sys.stderr)
+            return 0
+        event = end(args.run, args.job, args.rc, args.crashes_per_day, args.nodes)
+    except NoSpace as e:  # the batch script stops: nothing is requeued onto a full disk
+        print(f"error: {e}", file=sys.stderr)
+        return e.code
     print(event["why"], file=sys.stderr)
     print(event["action"], event.get("exclude", ""))  # the batch script reads: action [nodes to exclude]
     return 0

@@ -24,6 +24,7 @@ from launch.sbatch import SIGNALS_TO_HANDLE
 from rundir import REPO
 from train import recipe as R
 from train.exits import EXIT_FILE_ENV, Exit
+from train.storage import NoSpace
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,11 +55,15 @@ def main(argv=None) -> int:
     proc = None
     signal.signal(signal.SIGUSR1, lambda sig, frame: proc and proc.send_signal(sig))
     while True:
-        start = begin(run, job)
-        print(f"launch.local: starting from step {start['step']}", file=sys.stderr, flush=True)
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env)
-        rc = proc.wait()
-        event = end(run, job, rc, recipe.launch.crashes_per_day)
+        try:
+            start = begin(run, job)
+            print(f"launch.local: starting from step {start['step']}", file=sys.stderr, flush=True)
+            proc = subprocess.Popen(cmd, cwd=REPO, env=env)
+            rc = proc.wait()
+            event = end(run, job, rc, recipe.launch.crashes_per_day)
+        except NoSpace as e:
+            print(f"launch.local: error: {e}", file=sys.stderr)
+            return e.code
         print(f"launch.local: {event['why']}", file=sys.stderr, flush=True)
         if event["action"] != "restart":
             return 0 if event["action"] == "done" else 1

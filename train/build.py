@@ -16,6 +16,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.components.optimizer import LRSchedulersContainer
@@ -37,6 +38,7 @@ from train.eval_hook import EvalHook
 from train.export_hook import ExportHook
 from train.preemption import PreemptionHook
 from train.recipe import Recipe, RecipeError, check_keys, check_value, check_world
+from train.storage import run_dir_problem
 from train.trainer import GuardedOptimizers, LaneformerTrainer, MilestoneCheckpointManager
 
 
@@ -97,6 +99,7 @@ class Preflight:
     config: Laneformer.Config | None = None
     mixture: Mixture | None = None
     problems: list[str] = field(default_factory=list)
+    no_space: bool = False  # the run dir cannot hold its checkpoints (Exit.NO_SPACE when the only problem)
 
 
 def preflight(recipe: Recipe, world_size: int) -> Preflight:
@@ -139,6 +142,12 @@ def preflight(recipe: Recipe, world_size: int) -> Preflight:
             out.problems += check_chat_templates(recipe)
     if not writable(recipe.output_dir):
         out.problems.append(f"{p}: [run] output_dir: {recipe.output_dir} is not writable")
+    elif out.config is not None:
+        with torch.device("meta"):
+            nparams = sum(q.numel() for q in out.config.build().parameters())
+        if space := run_dir_problem(recipe.output_dir, nparams, c.keep_last, c.milestones):
+            out.problems.append(f"{p}: [run] output_dir: {space}")
+            out.no_space = True
     if c.export_hf and not writable(Path(c.export_dir)):
         out.problems.append(f"{p}: [checkpoint] export_dir: {c.export_dir} is not writable")
     return out

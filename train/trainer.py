@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from rundir import METRICS_FILE, is_complete, latest_complete_checkpoint, step_number
 from torchtitan.components.checkpointer import CheckpointManager
-from torchtitan.components.checkpointer.base import LR_SCHEDULER
+from torchtitan.components.checkpointer.base import LR_SCHEDULER, MODEL
 from torchtitan.components.metrics import LoggerContainer
 from torchtitan.components.optimizer import OptimizersContainer
 from torchtitan.distributed import utils as dist_utils
@@ -44,6 +45,7 @@ from train.guard import StepGuard
 from train.hooks import Hook, LogSourceTokens, MetricsJsonl, last_logged
 from train.exits import Exit, StopRun
 from train.recipe import Recipe
+from train.storage import NoSpace, checkpoint_bytes, free_bytes, is_out_of_space
 
 
 class GuardedOptimizers(OptimizersContainer):
@@ -97,8 +99,9 @@ def grad_norm_to(receiver: Callable[[torch.Tensor], None]):
 
 
 class MilestoneCheckpointManager(CheckpointManager):
-    """torchtitan's DCP checkpointing; ``milestones`` steps are never purged, and a damaged
-    latest checkpoint is moved aside (``step-N.damaged``) instead of failing every restart."""
+    """torchtitan's DCP checkpointing; ``milestones`` steps are never purged, a damaged
+    latest checkpoint is moved aside (``step-N.damaged``) instead of failing every restart,
+    and a save that runs out of disk space stops the run with ``NoSpace``."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(CheckpointManager.Config):
@@ -112,6 +115,21 @@ class MilestoneCheckpointManager(CheckpointManager):
         return super()._should_save(curr_step, last_step) or (
             self.enable and curr_step in self.milestones
         )
+
+    def _save(self, curr_step: int, last_step: bool = False) -> bool:
+        try:
+            return super()._save(curr_step, last_step)  # an async save's failure surfaces at the next
+        except (Exception, CheckpointException) as e:
+            nparams = sum(p.numel() for part in self.states[MODEL].model for p in part.parameters())
+            needed = checkpoint_bytes(nparams)  # numel of a sharded parameter is the whole one's
+            if not (is_out_of_space(e) or free_bytes(Path(self.folder)) < needed):
+                raise
+            # The half-written step (no .metadata) would never load; its space goes back.
+            if not dist.is_initialized() or dist.get_rank() == 0:
+                for partial in Path(self.folder).glob("step-*"):
+                    if step_number(partial) is not None and not is_complete(partial):
+                        shutil.rmtree(partial, ignore_errors=True)
+            raise NoSpace.at(Path(self.folder), needed, e, curr_step) from e
 
     def _find_load_step(self, folder: str = "") -> int:
         # Exactly ``step-N`` with DCP's .metadata (rundir's rule): torchtitan's own search
