@@ -38,6 +38,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from rundir.progress import progress
+
 from . import dist
 from .core_data import BASELINE_VERSIONS, CORE_LABELS, CoreTask, load_items, read_manifest
 from .core_prompts import build
@@ -68,14 +70,18 @@ def is_correct(task_type: str, logits: torch.Tensor, ids: torch.Tensor, starts, 
 
 
 def score_task(model_fn, tokenizer, task: CoreTask, items: list[dict], *, max_seq_len: int | None,
-               device: torch.device | str = "cpu") -> float:
-    """Accuracy of ``model_fn`` on ``items`` of one task, this rank scoring its strided share."""
+               device: torch.device | str = "cpu", show: str | None = None) -> float:
+    """Accuracy of ``model_fn`` on ``items`` of one task, this rank scoring its strided share.
+    ``show``: the label of a progress bar on stderr (items of all ranks: they run in lock step)."""
     correct = torch.zeros(len(items), dtype=torch.float32, device=device)
-    with dist.Lockstep(model_fn, device, tokenizer.bos_id) as forward:
-        for idx in range(dist.rank(), len(items), dist.world_size()):
+    world = dist.world_size()
+    with dist.Lockstep(model_fn, device, tokenizer.bos_id) as forward, \
+            progress(total=len(items), desc=show or "", unit="item", disable=show is None) as bar:
+        for idx in range(dist.rank(), len(items), world):
             rows, starts, ends = build(task, items, idx, tokenizer, max_seq_len)
             ids = pad_rows(rows, tokenizer.bos_id).to(device)  # BOS as padding, as nanochat does
             correct[idx] = float(is_correct(task.type, forward(ids), ids, starts, ends, items[idx].get("gold")))
+            bar.update(min(world, len(items) - idx))
     return dist.all_reduce_sum(correct).sum().item() / len(items)
 
 
@@ -135,6 +141,7 @@ def evaluate_core(model_fn, tokenizer, bundle: str | Path, *, max_seq_len: int |
 
     ``model_fn(ids [B, S]) -> logits [B, S, V]``; ``tokenizer`` has encode(text, bos=...) and
     bos_id; contexts are cropped from the left to ``max_seq_len``. Every rank must call this.
+    ``log`` (rank 0's): a line per task, and each task's progress on stderr.
     """
     manifest = read_manifest(bundle)
     wanted = list(CORE_LABELS) if labels is None else list(labels)
@@ -154,7 +161,8 @@ def evaluate_core(model_fn, tokenizer, bundle: str | Path, *, max_seq_len: int |
         items = load_items(bundle, task, max_per_task)
         if not items:
             raise ValueError(f"CORE task {label}: no items in eval_data/{task.file}")
-        acc = score_task(model_fn, tokenizer, task, items, max_seq_len=max_seq_len, device=device)
+        acc = score_task(model_fn, tokenizer, task, items, max_seq_len=max_seq_len, device=device,
+                         show=f"CORE {label}" if log else None)
         result.tasks[label] = TaskScore(label, acc, len(items), {v: centered(acc, b) for v, b in task.baselines.items()})
         if log:
             log(f"{label:<34} acc {acc:.4f} ({len(items)} items, {task.shots}-shot {task.type}, {time.time() - t0:.1f}s)")

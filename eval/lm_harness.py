@@ -27,6 +27,8 @@ import torch
 from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from rundir.progress import progress
+
 from . import dist
 from .core import pad_rows
 from .generate import generate
@@ -69,7 +71,7 @@ class LaneformerLM(TemplateLM):
             inputs.append((context + continuation)[-(self.max_length + 1):][:-1])
         results: list[tuple[float, bool] | None] = [None] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: -len(inputs[i]))  # similar lengths share a batch
-        with self._lockstep() as forward:
+        with self._lockstep() as forward, self._progress(len(requests), "loglikelihood", disable_tqdm) as bar:
             for b in range(0, len(order), self.batch_size):
                 batch = order[b : b + self.batch_size]
                 logits = forward(pad_rows([inputs[i] for i in batch], self.tokenizer.bos_id))
@@ -84,6 +86,7 @@ class LaneformerLM(TemplateLM):
                     )
                     if key is not None:
                         self.cache_hook.add_partial("loglikelihood", key, results[i])
+                bar.update(len(batch))
         return results
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
@@ -109,7 +112,7 @@ class LaneformerLM(TemplateLM):
         for i, req in enumerate(requests):
             groups.setdefault(json.dumps(req.args[1], sort_keys=True, default=str), []).append(i)
         results: list[str | None] = [None] * len(requests)
-        with self._lockstep() as forward:
+        with self._lockstep() as forward, self._progress(len(requests), "generate", disable_tqdm) as bar:
             for indices in groups.values():
                 kwargs = dict(requests[indices[0]].args[1])
                 until = kwargs.get("until") or []
@@ -125,7 +128,12 @@ class LaneformerLM(TemplateLM):
                     for i, text in zip(batch, texts):
                         results[i] = text
                         self.cache_hook.add_partial("generate_until", requests[i].args, text)
+                    bar.update(len(batch))
         return results
+
+    def _progress(self, total: int, what: str, disable: bool):
+        """Rank 0's progress on stderr over this rank's requests (lm-eval pools the tasks' requests by kind)."""
+        return progress(total=total, desc=f"lm-eval {what}", unit="request", disable=disable or self._rank != 0)
 
     # Distributed hooks lm-eval's evaluator calls when world_size > 1.
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,7 @@ from train.eval_hook import EvalHook
 from train.export_hook import ExportHook
 from train.preemption import PreemptionHook
 from train.recipe import Recipe, RecipeError, check_keys, check_value, check_world
+from train.report_hook import ReportHook
 from train.storage import run_dir_problem
 from train.trainer import GuardedOptimizers, LaneformerTrainer, MilestoneCheckpointManager
 
@@ -279,7 +280,8 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
         comm=CommConfig(),
         debug=DebugConfig(seed=recipe.run.seed, deterministic=recipe.run.deterministic),
         hooks=[EvalHook.Config(**dataclasses.asdict(recipe.eval), chat_template=recipe.data.chat_template),
-               *export_hooks(recipe), PreemptionHook.Config()],  # last: an eval due at the preempted step runs first
+               *export_hooks(recipe), ReportHook.Config(every=recipe.eval.every),  # after the eval and export
+               PreemptionHook.Config()],  # last: an eval due at the preempted step runs first
         skip_spikes=t.skip_spikes,
         spike_sigmas=t.spike_sigmas,
         spike_window=t.spike_window,

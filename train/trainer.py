@@ -351,4 +351,13 @@ def run_summary(recipe: Recipe, recipe_arg: str, sets: list[str]) -> str:
         f"  evaluate: {shlex.join(['python', '-m', 'eval.run', '--checkpoint', str(out), *tasks])}",
         *fetch,
         f"  resume (after a stop) or train longer: {again} [--set training.steps=N]",
+        report_line(run),
     ])
+
+
+def report_line(run: Path) -> str:
+    """Where the run's report is (train.report_hook writes it at the end), or why it is not."""
+    from train.report import PAGE, report_dir
+
+    page = report_dir(run) / PAGE
+    return f"report: {page}" if page.exists() else f"report: not written (see {report_dir(run) / 'refresh.log'})"

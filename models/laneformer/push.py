@@ -10,6 +10,8 @@ Files go up one commit each, ``README.md`` and ``config.json`` last, so a
 branch interrupted mid-upload never looks like a loadable model, and a
 failure names exactly the files that did not arrive. ``--dry-run`` touches
 no network: it prints the target and every file with its size and sha256.
+Progress goes to stderr: files uploaded of total, and within a file
+huggingface_hub's own upload bar (unless ``HF_HUB_DISABLE_PROGRESS_BARS`` is set).
 """
 
 import argparse
@@ -17,6 +19,8 @@ import hashlib
 import os
 import sys
 from pathlib import Path
+
+from rundir.progress import progress
 
 LAST = ("README.md", "config.json")  # uploaded last: their presence means the upload finished
 
@@ -59,7 +63,7 @@ def push(folder: Path, repo_id: str, revision: str = "main", private: bool = Fal
         api.create_repo(repo_id, private=private, exist_ok=True)
         if revision != "main":
             api.create_branch(repo_id, branch=revision, exist_ok=True)
-        for p in files:
+        for p in progress(files, desc="files uploaded", unit="file"):
             name = str(p.relative_to(folder))
             api.upload_file(
                 path_or_fileobj=p, path_in_repo=name, repo_id=repo_id, revision=revision,

@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor
 from transformers import GenerationConfig
 
 from data.chat import TEMPLATE_FILE, add_to_hf_folder
+from rundir.progress import progress
 
 from ..model import Laneformer
 from ..state_dict_adapter import native_to_hf_name
@@ -112,7 +113,7 @@ def to_hf(model: torch.nn.Module, out_dir: str | Path, **kwargs) -> Path | None:
     """
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     state_dict = {}
-    for k, v in model.state_dict().items():
+    for k, v in progress(model.state_dict().items(), desc="tensors gathered", unit="tensor", disable=not rank0):
         full = v.full_tensor() if isinstance(v, DTensor) else v
         if rank0:
             state_dict[k] = full.detach().cpu()

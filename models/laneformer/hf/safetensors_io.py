@@ -2,7 +2,9 @@
 
 Reading checks each file's header against its size before loading, so a
 truncated download or copy is refused with the file and the first tensor
-whose bytes are missing, instead of a bare deserialisation error.
+whose bytes are missing, instead of a bare deserialisation error. Both
+directions show tensors done of total on stderr (``rundir.progress``), a file
+at a time: safetensors reads and writes whole files.
 """
 
 import json
@@ -12,6 +14,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from rundir.progress import progress
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -47,9 +51,11 @@ def write_weights(tensors: dict[str, torch.Tensor], folder: Path, max_shard_byte
         else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     )
     mode = _default_file_mode()
-    for name, shard in zip(names, shards):
-        save_file(shard, folder / name, metadata={"format": "pt"})
-        os.chmod(folder / name, mode)  # safetensors creates 0600 files: unreadable to a team
+    with progress(total=len(tensors), desc="tensors written", unit="tensor") as bar:
+        for name, shard in zip(names, shards):
+            save_file(shard, folder / name, metadata={"format": "pt"})
+            os.chmod(folder / name, mode)  # safetensors creates 0600 files: unreadable to a team
+            bar.update(len(shard))
     if len(shards) > 1:
         index = {
             "metadata": {"total_size": sum(_nbytes(t) for t in tensors.values())},
@@ -98,13 +104,18 @@ def read_weights(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]
         weight_map, files = None, [SINGLE_FILE]
     else:
         raise FileNotFoundError(f"{folder}: no {SINGLE_FILE} or {INDEX_FILE}")
-    tensors, sources = {}, {}
-    for name in files:
+    sources = {}
+    for name in files:  # every file is checked before any is read
         in_file = check_complete(folder / name)
         if weight_map is not None:
             absent = sorted(k for k, f in weight_map.items() if f == name and k not in in_file)
             if absent:
                 raise ValueError(f"{folder / name}: tensors listed in {INDEX_FILE} are absent: {absent}")
-        tensors.update(load_file(folder / name))
         sources.update(dict.fromkeys(in_file, name))
+    tensors = {}
+    with progress(total=len(sources), desc="tensors read", unit="tensor") as bar:
+        for name in files:
+            loaded = load_file(folder / name)
+            tensors.update(loaded)
+            bar.update(len(loaded))
     return tensors, sources

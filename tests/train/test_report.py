@@ -1,0 +1,248 @@
+"""The run report (train.report, train.report_hook): written by the run, its figures read back
+against the run's own files, robust to what real run dirs hold, and opened as a person would.
+
+Run dirs here are written by the project's own writers: the session's reference run
+(a real 2-rank training run, ``tests/conftest.py``), copies of it, or ``record_launch`` and
+``MetricsJsonl`` for the fast robustness cases.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch.attempts import begin, end, exit_file
+from rundir import METRICS_FILE, REPO
+from tests.helpers import losses
+from train import recipe as R
+from train.hooks import MetricsJsonl
+from train.report import ReportError, write_report
+from train.report.page import embedded_data
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def reference_run(tmp_path_factory) -> Path:
+    return tmp_path_factory.getbasetemp() / "launch-reference"  # tests.helpers.reference_losses
+
+
+def data_of(page: Path) -> dict:
+    return embedded_data(page.read_text())
+
+
+def copy_run(run: Path, dst: Path) -> Path:
+    """A run dir without its checkpoints (the report reads none of their bytes)."""
+    shutil.copytree(run, dst, ignore=shutil.ignore_patterns("checkpoints", "tensorboard", "wandb", "report", "hf"))
+    return dst
+
+
+def fake_run(tmp_path: Path, rows: list[dict], steps: int = 10) -> Path:
+    """A run dir as train.py leaves it: the resolved recipe, the model config and a launch record
+    (train.run_dir), and ``rows`` logged through the trainer's MetricsJsonl."""
+    from train.build import model_config
+    from train.run_dir import record_launch
+
+    recipe = R.load("tiny.toml", [f"run.output_dir={tmp_path / 'run'}", f"training.steps={steps}",
+                                  "schedule.warmup_steps=2"])
+    record_launch(recipe, model_config(recipe))
+    log = MetricsJsonl(recipe.output_dir / METRICS_FILE)
+    for row in rows:
+        log.log({k: v for k, v in row.items() if k != "step"}, row["step"])
+    log.close()
+    return recipe.output_dir
+
+
+def step_rows(steps, **extra) -> list[dict]:
+    return [{"step": s, "loss_metrics/global_avg_loss": 9.0 - 0.1 * s, "grad_norm": 1.0 + s / 100,
+             "throughput(tps)": 1000.0 + s, "memory/max_reserved(GiB)": 1.5, "lr/AdamW/0": 1e-3,
+             "n_tokens_seen": s * 2048, **extra} for s in steps]
+
+
+# ---- the reference run: the report it wrote, read back -----------------------------------
+
+
+@pytest.mark.slow
+def test_the_run_writes_its_report_and_the_figures_hold_its_numbers(reference, tmp_path_factory):
+    from data.loader import build_mixture
+    from data.tokenizer import Tokenizer
+    from train.build import model_config
+
+    run = reference_run(tmp_path_factory)
+    page = run / "report" / "report.html"
+    assert page.is_file(), (run / "report" / "refresh.log").read_text()
+    for src in re.findall(r"<img src='([^']+)'", page.read_text()):
+        assert (page.parent / src).stat().st_size > 0
+    data = data_of(page)
+
+    loss = data["loss"]["loss"]
+    assert dict(zip(loss["steps"], loss["values"])) == losses(run)  # every logged step, exactly
+    recipe = R.load(str(run / "recipe.toml"))
+    assert loss["tokens"] == [s * recipe.tokens_per_step for s in loss["steps"]]
+
+    # Realized shares against the loader's own counts at each logged step.
+    mixture = build_mixture(recipe.data.sources, Tokenizer(recipe.data.tokenizer), recipe.training.seq_len,
+                            recipe.run.seed, model_config(recipe).vocab_size, None)
+    for source in ("prose", "code"):
+        realized = data["data_mix"][f"{source} realized"]
+        for step, share in zip(realized["steps"], realized["values"]):
+            counts = mixture.consumed_tokens(step * recipe.training.global_batch)
+            assert share == counts[source] / sum(counts.values())
+        assert data["data_mix"][f"{source} planned"] == 0.5  # weights 0.5 and 0.5
+
+    val = json.loads((run / "evals" / "step-20.json").read_text())["metrics"]["eval/val_loss"]
+    assert data["validation"]["eval/val_loss"]["values"] == [val]
+    assert data["throughput"]["restarts"] == []  # one uninterrupted start
+    commit = next((run / "launches").glob("*/git-commit")).read_text().strip()[:12]
+    assert f"<th>commit</th><td>{commit}" in page.read_text()
+    assert "step 20 of 20" in page.read_text()
+
+
+@pytest.mark.slow
+def test_restarts_appear_where_the_launch_records_put_them(reference, tmp_path_factory, tmp_path):
+    """The launchers' records (launch.attempts, as launch.local and the SLURM script write them):
+    preempted with a checkpoint at step 8, a crash after one at step 12."""
+    run = copy_run(reference_run(tmp_path_factory), tmp_path / "run")
+    (run / "launcher" / "attempts.jsonl").unlink()
+
+    def checkpoint(step):
+        (run / "checkpoints" / f"step-{step}").mkdir(parents=True)
+        (run / "checkpoints" / f"step-{step}" / ".metadata").write_text("")
+
+    begin(run, "1")
+    checkpoint(8)
+    exit_file(run).write_text(json.dumps({"reason": "preempted", "step": 8}))
+    assert end(run, "1", 75)["action"] == "restart"
+    begin(run, "1")
+    checkpoint(12)
+    assert end(run, "1", 1)["cause"] == "crash"
+    begin(run, "1")
+
+    data = data_of(write_report([run]))
+    tokens_per_step = R.load(str(run / "recipe.toml")).tokens_per_step
+    assert data["throughput"]["restarts"] == [
+        {"run": "tiny", "step": 8, "tokens": 8 * tokens_per_step, "cause": "preempted"},
+        {"run": "tiny", "step": 12, "tokens": 12 * tokens_per_step, "cause": "crash"}]
+
+
+@pytest.mark.slow
+def test_two_runs_share_the_axes_and_phase_two_continues_phase_one(reference, tmp_path_factory, tmp_path):
+    one = reference_run(tmp_path_factory)
+    two = copy_run(one, tmp_path / "two")
+    text = (two / "recipe.toml").read_text().replace('name = "tiny"', 'name = "tiny-phase2"')
+    (two / "recipe.toml").write_text(text.replace("[checkpoint]\n", f'[checkpoint]\ninit_from = "{one}"\n'))
+
+    page = write_report([one, two], tmp_path / "both")
+    assert page == tmp_path / "both" / "report.html"
+    loss = data_of(page)["loss"]
+    first, second = loss["tiny: loss"], loss["tiny-phase2: loss"]
+    assert second["values"] == first["values"]
+    # phase 1's latest complete checkpoint is its last step: phase 2 starts where it ended
+    assert second["tokens"][0] == first["tokens"][-1] + first["tokens"][0]
+
+    (two / "recipe.toml").write_text(text)  # not started from it: both from zero, overlaid
+    loss = data_of(write_report([one, two], tmp_path / "overlaid"))["loss"]
+    assert loss["tiny: loss"]["tokens"] == loss["tiny-phase2: loss"]["tokens"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (Debian package `chromium`; .ci/run installs it)")
+def test_a_browser_loads_every_image_and_a_screenshot_is_taken(reference, tmp_path_factory, tmp_path):
+    """Headless Chromium opens the page; a copy with one added script records each image's
+    natural width once the page has loaded, and --dump-dom prints it."""
+    report = reference_run(tmp_path_factory) / "report"
+    probe = report / "probe.html"
+    probe.write_text(report.joinpath("report.html").read_text().replace("</body>", (
+        "<script>window.addEventListener('load', () => document.body.setAttribute('data-widths', "
+        "JSON.stringify([...document.images].map(i => [i.getAttribute('src'), i.naturalWidth]))));</script>"
+        "</body>")))
+    browser = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000"]
+    dom = subprocess.run([*browser, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
+    probe.unlink()
+    widths = json.loads(re.search(r'data-widths="([^"]*)"', dom.stdout).group(1).replace("&quot;", '"'))
+    assert len(widths) >= 5 and all(width > 0 for _, width in widths), widths
+
+    shot = tmp_path / "report.png"
+    subprocess.run([*browser, "--window-size=1100,2400", f"--screenshot={shot}",
+                    (report / "report.html").as_uri()], capture_output=True, timeout=120, check=True)
+    assert shot.stat().st_size > 10_000
+
+
+# ---- robustness, on run dirs written by the project's writers -----------------------------
+
+
+def test_a_cut_last_line_is_dropped_and_a_bad_line_elsewhere_is_named(tmp_path):
+    run = fake_run(tmp_path, step_rows(range(1, 6)))
+    metrics = run / METRICS_FILE
+    metrics.write_text(metrics.read_text() + '{"step": 6, "loss_metrics/glo')  # killed mid-line
+    loss = data_of(write_report([run]))["loss"]["loss"]
+    assert loss["steps"] == [1, 2, 3, 4, 5]
+
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join([*lines[:2], '{"step": 3, "lo', *lines[3:]]) + "\n")
+    with pytest.raises(ReportError, match=re.escape(f"{metrics}: line 3: not a JSON object")):
+        write_report([run])
+
+
+def test_one_step_without_evals_and_a_resume_on_another_world_size(tmp_path):
+    # n_tokens_seen as torchtitan logs it after a resume on half the ranks (its per-rank count
+    # is restored as saved): the token axis must not follow it.
+    rows = step_rows([1]) + [{**r, "n_tokens_seen": r["n_tokens_seen"] // 2} for r in step_rows([2])]
+    run = fake_run(tmp_path, rows[:1])
+    page = write_report([run])
+    data = data_of(page)
+    assert data["loss"]["loss"] == {"steps": [1], "tokens": [2048], "values": [8.9]}
+    assert "no validation in evals/step-N.json" in page.read_text()
+    assert "validation" not in data and "core" not in data
+
+    run = fake_run(tmp_path / "resumed", rows)
+    assert data_of(write_report([run]))["loss"]["loss"]["tokens"] == [2048, 4096]
+
+
+def test_skips_and_hook_logged_restarts_are_marked(tmp_path):
+    rows = step_rows(range(1, 7))
+    rows[2]["skipped_steps"], rows[4]["skipped_steps"] = 0, 2
+    rows[0]["launch"], rows[3]["launch"] = 1, 2  # train.report_hook at each process's first step
+    run = fake_run(tmp_path, rows)
+    data = data_of(write_report([run]))
+    assert data["grad_norm"]["skipped"] == [{"run": "tiny", "step": 5, "tokens": 5 * 2048, "skipped": 2}]
+    assert data["throughput"]["restarts"] == [{"run": "tiny", "step": 3, "tokens": 3 * 2048, "cause": "restart"}]
+
+
+def test_an_unreadable_run_dir_is_named(tmp_path):
+    with pytest.raises(ReportError, match=re.escape(f"{tmp_path / 'recipe.toml'}: not found")):
+        write_report([tmp_path])
+    run = fake_run(tmp_path, step_rows([1]))
+    (run / "evals").mkdir()
+    (run / "evals" / "step-1.json").write_text('{"step": 1, "metr')
+    with pytest.raises(ReportError, match=re.escape(f"{run / 'evals' / 'step-1.json'}: not valid JSON")):
+        write_report([run])
+    result = subprocess.run([sys.executable, "-m", "train.report", str(run)], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 2 and result.stdout == ""
+    assert f"error: {run / 'evals' / 'step-1.json'}: not valid JSON" in result.stderr
+
+
+def test_the_memory_plan_is_drawn_as_a_stacked_bar_and_against_the_run(tmp_path):
+    from train.plan import GPUS, Shape, memory_plan
+    from train.build import model_config
+    from train.report.memory import PARTS, plot_memory, record_plan
+
+    run = fake_run(tmp_path, step_rows([1, 2]))
+    recipe = R.load(str(run / "recipe.toml"))
+    memory = memory_plan(model_config(recipe), Shape.of(recipe, 1), GPUS["h100"])
+    figure = plot_memory(memory, tmp_path / "plan.png")
+    heights = [p.get_height() for p in figure.axes[0].patches]
+    assert heights == pytest.approx([sum(memory.parts.get(k, 0) for k in kinds) / 1024**3
+                                     for kinds in PARTS.values()])
+    assert sum(heights) == pytest.approx(memory.peak / 1024**3)  # the parts make up the peak
+    assert (tmp_path / "plan.png").stat().st_size > 0
+
+    plan = record_plan(run, "h100", 1)
+    drawn = data_of(write_report([run]))["memory"]["plan"]
+    assert drawn == {"peak_gib": memory.peak / 1024**3, "gpu": plan["gpu"], "gpus": 1}

@@ -1,0 +1,44 @@
+"""A run at a glance: ``report.html`` and its PNGs, written from a run dir by the run itself
+(``train.report_hook``) or by hand::
+
+    python -m train.report RUN [RUN ...] [--out DIR] [--plan-gpu h100 --gpus N]
+
+Several runs share the axes: their curves are overlaid, and a run that started
+from another listed run's checkpoint (phase 2 from phase 1) continues it along
+the token axis. Without ``--out`` the report goes to ``RUN/report/`` (the first
+run's). Modules: ``runs`` reads a run dir, ``figures`` draws, ``page`` writes
+the HTML, ``memory`` draws and records the memory plan.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from train.report.runs import ReportError, continue_runs, header, read_run
+
+REPORT_DIR = "report"
+PAGE = "report.html"
+
+__all__ = ["REPORT_DIR", "PAGE", "ReportError", "write_report", "report_dir"]
+
+
+def report_dir(run: Path) -> Path:
+    return Path(run) / REPORT_DIR
+
+
+def write_report(runs: list[Path], out: Path | None = None) -> Path:
+    """Read every run (ReportError names a file that cannot be read), then write the PNGs and
+    ``report.html`` into ``out`` (default: the first run's ``report/``); returns the page's path."""
+    from train.report.figures import all_figures
+    from train.report.page import page
+
+    read = [read_run(Path(r)) for r in runs]
+    continue_runs(read)
+    out = Path(out) if out is not None else report_dir(read[0].path)
+    out.mkdir(parents=True, exist_ok=True)
+    figures = all_figures(read, out)
+    path = out / PAGE
+    tmp = path.with_name(f".{PAGE}.tmp")
+    tmp.write_text(page(read, [header(r) for r in read], figures))
+    tmp.replace(path)  # a reader never sees half a page
+    return path

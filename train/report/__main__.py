@@ -1,0 +1,35 @@
+"""``python -m train.report RUN [RUN ...] [--out DIR] [--plan-gpu KIND --gpus N]``"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from train.report import ReportError, write_report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m train.report", description=__doc__)
+    p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run dirs; several are overlaid")
+    p.add_argument("--out", type=Path, help="where report.html and its PNGs go (default: RUN/report/)")
+    p.add_argument("--plan-gpu", metavar="KIND", help="first trace the memory plan of each run's recipe on --gpus "
+                   "GPUs of this kind (h100, h200, a100, mi300x) into RUN/plan.json; the memory figure draws it")
+    p.add_argument("--gpus", type=int, default=8, help="with --plan-gpu: the number of GPUs (default 8)")
+    args = p.parse_args(argv)
+    try:
+        if args.plan_gpu:
+            from train.report.memory import record_plan
+
+            for run in args.runs:
+                record_plan(run, args.plan_gpu, args.gpus)
+        path = write_report(args.runs, args.out)
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""``report.html``: the header table of each run, then every figure, with the series each
+figure drew embedded as JSON (``<script type="application/json" id="report-data">``), so a
+tool or a test reads the numbers without parsing pixels. One self-contained page beside its
+PNGs: it opens from a cluster's file system with nothing else.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from datetime import datetime, timezone
+
+from train.report.figures import Figure
+from train.report.runs import Header, Run
+
+STYLE = """
+body { font-family: sans-serif; margin: 1.5em; color: #222; max-width: 1100px; }
+table { border-collapse: collapse; margin-bottom: 1em; }
+td, th { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; font-size: 0.9em; }
+th { background: #f3f3f3; }
+figure { margin: 1.2em 0; }
+img { max-width: 100%; border: 1px solid #eee; }
+.note { color: #777; font-size: 0.85em; }
+"""
+
+
+def page(runs: list[Run], headers: list[Header], figures: list[Figure]) -> str:
+    names = ", ".join(run.name for run in runs)
+    parts = [f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{html.escape(names)}</title>",
+             f"<style>{STYLE}</style></head><body>", f"<h1>{html.escape(names)}</h1>",
+             f"<p class='note'>written {datetime.now(timezone.utc).isoformat(timespec='seconds')} by "
+             f"<code>python -m train.report</code></p>"]
+    for run, head in zip(runs, headers):
+        parts.append(f"<h2>{html.escape(run.name)} <span class='note'>{html.escape(str(run.path))}</span></h2>")
+        parts.append("<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+                                         for k, v in head.rows) + "</table>")
+    for f in figures:
+        parts.append(f"<section id='{f.name}'><h2>{html.escape(f.title)}</h2>")
+        if f.data:
+            parts.append(f"<figure><img src='{f.name}.png' alt='{html.escape(f.title)}'></figure>")
+        if f.note:
+            parts.append(f"<p class='note'>{html.escape(f.note)}</p>")
+        parts.append("</section>")
+    data = _finite({f.name: f.data for f in figures if f.data})
+    blob = json.dumps(data, allow_nan=False).replace("</", "<\\/")  # safe inside <script>
+    parts.append(f"<script type='application/json' id='report-data'>{blob}</script>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def _finite(value):
+    """Plain JSON (a browser's JSON.parse takes no NaN): non-finite numbers become null."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def embedded_data(text: str) -> dict:
+    """The series embedded in a report.html (for tools and tests)."""
+    start = text.index(">", text.index("id='report-data'")) + 1
+    return json.loads(text[start:text.index("</script>", start)].replace("<\\/", "</"))

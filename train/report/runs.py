@@ -1,0 +1,251 @@
+"""A run dir, read for the report: metrics by step, evals, restarts, checkpoints, the plan.
+
+Everything comes from what the run itself wrote (``rundir``'s layout): the
+resolved ``recipe.toml``, ``metrics.jsonl``, ``evals/step-N.json``, the launch
+records (``launcher/attempts.jsonl`` from the launchers, ``launches/NNN/``
+from every start) and the checkpoints. Tokens are ``step x tokens per
+step`` of the recipe, not torchtitan's ``n_tokens_seen``, whose per-rank part
+is restored as saved: a run resumed on another world size would count wrong.
+Unreadable files raise ``ReportError`` naming the file (and line).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import rundir
+
+LAUNCH_METRIC = "launch"  # logged by train.report_hook at a process's first step: the launch number
+
+
+class ReportError(ValueError):
+    """A run dir the report cannot read; the message names the file."""
+
+
+@dataclass
+class Restart:
+    step: int  # the step training went on from
+    cause: str  # "preempted", "crash" or "restart" (why is not recorded)
+    time: str | None = None
+
+
+@dataclass
+class Run:
+    path: Path
+    recipe: dict  # the resolved recipe.toml as TOML
+    rows: dict[int, dict]  # step -> every metric logged for it (a replayed step: the latest values)
+    evals: dict[int, dict]  # step -> evals/step-N.json
+    restarts: list[Restart]
+    offset: int = 0  # tokens before step 0 (phase 2 after phase 1)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.recipe.get("run", {}).get("name") or self.path.name
+
+    @property
+    def tokens_per_step(self) -> int:
+        t = self.recipe["training"]
+        return t["global_batch"] * t["seq_len"]
+
+    @property
+    def planned_steps(self) -> int:
+        return self.recipe["training"]["steps"]
+
+    @property
+    def last_step(self) -> int:
+        return max(self.rows, default=0)
+
+    def tokens(self, step: float) -> float:
+        return self.offset + step * self.tokens_per_step
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of one metric, in step order."""
+        pairs = [(s, _number(r[key])) for s, r in sorted(self.rows.items()) if key in r]
+        return [s for s, _ in pairs], [v for _, v in pairs]
+
+    def keys(self, prefix: str) -> list[str]:
+        return sorted({k for r in self.rows.values() for k in r if k.startswith(prefix)})
+
+    def eval_series(self, key: str) -> tuple[list[int], list[float]]:
+        pairs = [(s, _number(e["metrics"][key])) for s, e in sorted(self.evals.items()) if key in e["metrics"]]
+        return [s for s, _ in pairs], [v for _, v in pairs]
+
+    def eval_keys(self, prefix: str) -> list[str]:
+        return sorted({k for e in self.evals.values() for k in e["metrics"] if k.startswith(prefix)})
+
+    def planned_shares(self) -> dict[str, float]:
+        """Each source's planned share of the tokens: its weight's share, or its token budget's."""
+        sources = self.recipe["data"]["sources"]
+        total = self.planned_steps * self.tokens_per_step
+        weights = sum(s.get("weight") or 0.0 for s in sources)
+        budgets = sum(s.get("tokens") or 0 for s in sources)
+        free = max(0.0, 1 - budgets / total) if total else 0.0  # what weighted sources share
+        return {s["name"]: (s["tokens"] / total if s.get("tokens") else free * s["weight"] / weights)
+                for s in sources}
+
+
+def _number(value) -> float:
+    """A metric value; MetricsJsonl writes non-finite floats as strings ("nan", "inf")."""
+    return float(value)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise ReportError(f"{path}: not valid JSON: {e}") from None
+
+
+def read_run(path: Path) -> Run:
+    """Read one run dir; raises ReportError naming the file that cannot be read."""
+    path = Path(path)
+    recipe_file = path / rundir.RECIPE_FILE
+    if not recipe_file.is_file():
+        raise ReportError(f"{recipe_file}: not found: {path} is not a run dir (train.py writes it at launch)")
+    try:
+        recipe = tomllib.loads(recipe_file.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ReportError(f"{recipe_file}: not valid TOML: {e}") from None
+    try:
+        rows: dict[int, dict] = {}
+        for row in rundir.read_metrics(path):
+            rows.setdefault(row["step"], {}).update(row)
+        attempts = rundir.read_jsonl(path / rundir.LAUNCHER_DIR / "attempts.jsonl")
+    except (ValueError, KeyError) as e:
+        raise ReportError(str(e) if isinstance(e, ValueError) else f"{path / rundir.METRICS_FILE}: a row without "
+                          f"{e}") from None
+    evals = {}
+    for f in (path / rundir.EVALS_DIR).glob("step-*.json"):
+        if (step := rundir.step_number(f.with_suffix(""))) is not None:
+            evals[step] = _read_json(f)
+    run = Run(path, recipe, rows, evals, restarts(attempts, rows))
+    if any("mfu(%)" not in r for r in rows.values() if "throughput(tps)" in r):
+        run.notes.append("MFU: not logged (torchtitan logs it on GPUs only)")
+    return run
+
+
+def restarts(attempts: list[dict], rows: dict[int, dict]) -> list[Restart]:
+    """Every start after the first: from the launchers' records when there are any (with why the
+    previous start ended), else from the launch number the report hook logs at each first step."""
+    found, cause = [], None
+    starts = 0
+    for event in attempts:
+        if event.get("event") == "end":
+            cause = event.get("cause")
+        elif event.get("event") == "start":
+            starts += 1
+            if starts > 1:
+                found.append(Restart(event["step"], cause if cause in ("preempted", "crash") else "restart",
+                                     event.get("time")))
+            cause = None
+    if starts:
+        return found
+    return [Restart(step - 1, "restart") for step, r in sorted(rows.items())
+            if r.get(LAUNCH_METRIC, 1) > 1]
+
+
+def continue_runs(runs: list[Run]) -> None:
+    """Put a run that started from another listed run's checkpoint (phase 2 from phase 1)
+    after it on the token axis."""
+    by_path = {r.path.resolve(): r for r in runs}
+    for run in runs:
+        source = run.recipe.get("checkpoint", {}).get("init_from")
+        if not source:
+            continue
+        source = Path(source).resolve()
+        step = rundir.step_number(source)
+        parent = by_path.get(source) or (by_path.get(source.parent.parent) if step is not None else None)
+        if parent is not None and parent is not run:
+            at = step if step is not None else (rundir.latest_complete_step(parent.path) or parent.last_step)
+            run.offset = int(parent.tokens(at))
+
+
+@dataclass
+class Header:
+    """The facts at the top of the report."""
+
+    rows: list[tuple[str, str]]
+
+
+def header(run: Run) -> Header:
+    path = run.path
+    first_line = (path / rundir.RECIPE_FILE).read_text().splitlines()[0]
+    source = first_line.removeprefix("# resolved from ").strip() if first_line.startswith("#") else ""
+    launches = sorted(p for p in (path / rundir.LAUNCHES_DIR).glob("[0-9]*") if p.is_dir())
+    commit = "unknown"
+    if launches:
+        commit = (launches[-1] / "git-commit").read_text().strip()[:12] if (launches[-1] / "git-commit").exists() \
+            else commit
+        if (launches[-1] / "git-status").exists() and (launches[-1] / "git-status").read_text().strip():
+            commit += " + uncommitted changes (launches/{}/git.diff)".format(launches[-1].name)
+    step, planned = run.last_step, run.planned_steps
+    seen, total = run.tokens(step) - run.offset, planned * run.tokens_per_step
+    steps = rundir.complete_steps(path)
+    milestones = sorted(set(run.recipe.get("checkpoint", {}).get("milestones", [])) & set(steps))
+    export = Path(run.recipe.get("checkpoint", {}).get("export_dir") or path / rundir.EXPORT_DIR)
+    eta = "finished" if step >= planned else "unknown"
+    if step < planned and (eta_s := run.series("progress/eta_s")[1]):
+        eta = _duration(eta_s[-1]) + " (at the last logged step)"
+    return Header([
+        ("recipe", f"{run.name} ({source})" if source else run.name),
+        ("commit", commit),
+        ("parameters", parameters(path)),
+        ("tokens seen", f"{_human(seen)} of {_human(total)} planned ({seen / total:.1%}); step {step:,} of "
+                        f"{planned:,}" if total else "unknown"),
+        ("wall time", wall_time(path, launches)),
+        ("ETA", eta),
+        ("launches", f"{len(launches)}; restarts: {len(run.restarts)}"
+                     + "".join(f", {r.cause} at step {r.step}" for r in run.restarts[:10])),
+        ("latest checkpoint", f"step {steps[-1]:,} ({rundir.step_dir(path, steps[-1])})" if steps else "none"),
+        ("milestone checkpoints", ", ".join(f"step {s:,}" for s in milestones) or "none"),
+        ("last export", f"{export} ({_mtime(export / 'config.json')})" if (export / "config.json").exists()
+                        else "none"),
+    ])
+
+
+def parameters(path: Path) -> str:
+    """The model's parameter count, from laneformer_config.json on the meta device."""
+    try:
+        import torch
+
+        from models.laneformer import read_native_config
+
+        with torch.device("meta"):
+            model = read_native_config(path).build()
+        return f"{sum(p.numel() for p in model.parameters()):,}"
+    except Exception as e:  # a config of another version: the report still goes on
+        return f"unknown ({path / rundir.MODEL_CONFIG_FILE}: {type(e).__name__}: {e})"
+
+
+def wall_time(path: Path, launches: list[Path]) -> str:
+    """From the first launch's start to the last metric written."""
+    metrics = path / rundir.METRICS_FILE
+    if not launches or not (launches[0] / "started").exists() or not metrics.exists():
+        return "unknown"
+    start = datetime.fromisoformat((launches[0] / "started").read_text().strip())
+    return _duration(metrics.stat().st_mtime - start.timestamp())
+
+
+def _mtime(path: Path) -> str:
+    return datetime.fromtimestamp(path.stat().st_mtime).astimezone().isoformat(timespec="seconds")
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "unknown"
+    s = max(0, round(seconds))
+    days, s = divmod(s, 86400)
+    return (f"{days}d " if days else "") + f"{s // 3600}h {s // 60 % 60:02d}m {s % 60:02d}s"
+
+
+def _human(n: float) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:,.0f}"

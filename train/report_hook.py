@@ -1,0 +1,96 @@
+"""The run writes its own report (``train.report``): after each in-loop eval and at the end.
+
+Rank 0 runs ``python -m train.report RUN`` in a child process, so drawing never
+holds up a step (the final one is waited for, so the end-of-run summary can
+point at it); a refresh still running when the next is due is not doubled. A
+report that fails is logged with its output (``report/refresh.log``) and training
+goes on. The hook also logs the launch number (``launch``) at the first step
+of each process, so the report marks restarts of runs started without a launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch.distributed as dist
+
+import rundir
+from torchtitan.config import Configurable
+from torchtitan.tools.logging import logger
+
+from train.hooks import Hook
+from train.report import PAGE, REPORT_DIR
+from train.report.runs import LAUNCH_METRIC
+
+if TYPE_CHECKING:
+    from train.trainer import LaneformerTrainer
+
+LOG = "refresh.log"
+
+
+class ReportHook(Hook, Configurable):
+    @dataclass(kw_only=True, slots=True)
+    class Config(Configurable.Config):
+        every: int = 0  # steps between in-loop evals ([eval] every); 0: only at the end
+        final_timeout_s: float = 600.0  # the end-of-run refresh is waited for at most this long
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.child: subprocess.Popen | None = None
+        self.logged_launch = False
+
+    def after_step(self, trainer: LaneformerTrainer) -> None:
+        run = Path(trainer.config.dump_folder)
+        if not self.logged_launch:
+            self.logged_launch = True
+            launches = sum(1 for p in (run / rundir.LAUNCHES_DIR).glob("[0-9]*") if p.is_dir())
+            trainer.metrics_processor.logger.log({LAUNCH_METRIC: max(launches, 1)}, trainer.step)
+        c, step = self.config, trainer.step
+        if c.every and step % c.every == 0 and step != trainer.config.training.steps and _rank0():
+            self._refresh(run, wait=False)
+
+    def after_train(self, trainer: LaneformerTrainer) -> None:
+        if _rank0():
+            self._refresh(Path(trainer.config.dump_folder), wait=True)
+
+    def _refresh(self, run: Path, wait: bool) -> None:
+        try:
+            if self.child is not None and self._done(self.child, wait) is None:
+                return  # the previous refresh is still drawing
+            out = run / REPORT_DIR
+            out.mkdir(parents=True, exist_ok=True)
+            with open(out / LOG, "w") as log:
+                self.child = subprocess.Popen(
+                    [sys.executable, "-m", "train.report", str(run)], stdout=log, stderr=subprocess.STDOUT,
+                    cwd=rundir.REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            if wait:
+                self._done(self.child, wait=True)
+        except Exception as e:  # the report must never stop training
+            logger.warning(f"report: not refreshed ({type(e).__name__}: {e})")
+
+    def _done(self, child: subprocess.Popen, wait: bool) -> int | None:
+        """The child's exit status once it has ended (logging a failure), else None."""
+        try:
+            rc = child.wait(self.config.final_timeout_s) if wait else child.poll()
+        except subprocess.TimeoutExpired:
+            child.kill()
+            rc = child.wait()
+        if rc is None:
+            return None
+        self.child = None
+        log = Path(child.args[-1]) / REPORT_DIR / LOG
+        if rc != 0:
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            logger.warning(f"report: python -m train.report failed (exit {rc}); training goes on. {log}:\n{tail}")
+        elif wait:
+            logger.info(f"report: {Path(child.args[-1]) / REPORT_DIR / PAGE}")
+        return rc
+
+
+def _rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
