@@ -27,10 +27,11 @@ def chat_adapter(self, data: dict, path: str, id_in_file: int | str) -> dict:
     """A datatrove reader adapter: the record's messages (``self.text_key``) as JSON text.
 
     Missing or empty message lists still become documents ("null", "[]") so they are counted, not dropped.
+    The record's other scalar columns stay in the metadata, where data.tokenize's ``--exclude`` reads them.
     """
     messages = data.pop(self.text_key, None)
     return {"text": json.dumps(messages), "id": str(data.pop(self.id_key, f"{path}/{id_in_file}")),
-            "metadata": {}}
+            "metadata": {k: v for k, v in data.items() if isinstance(v, (str, int, float, bool))}}
 
 
 class ChatTokenizer(DocumentTokenizer):

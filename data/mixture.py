@@ -29,23 +29,24 @@ torchtitan's cross-entropy skips and leaves out of its token count, so the
 loss is the mean over the answers' tokens. Sources without one mix freely.
 
 Memory per source: 4 bytes per document (lengths) plus 4-8 bytes per document
-per cached epoch (the permutation) and small checkpoint arrays (every
-_CKPT-th prefix sum); tokens are read through numpy memmaps.
+per epoch read (the permutation) and small checkpoint arrays (every _CKPT-th
+prefix sum), all in memory-mapped files built once per node (data.index) and
+shared by its ranks; tokens are read through numpy memmaps too.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from data.shards import ShardError, TokenizedSource, open_source
+from data.index import CKPT as _CKPT
+from data.index import SourceIndex
+from data.shards import TokenizedSource, open_source
 
-_CKPT = 64  # one stored prefix sum every _CKPT documents
 IGNORE_INDEX = -100  # torchtitan.components.loss.IGNORE_INDEX (torch's default), without importing torch
 DEFAULT_PERIOD = 1 << 16
 
@@ -60,11 +61,18 @@ class SourceSpec:
 
     weight: relative share of samples. tokens: absolute budget of training tokens
     (its share is tokens / total planned tokens). max_epochs: how many passes
-    over the source's tokens the plan may use (fractions allowed). hub_id and
-    subset: where its text comes from, for data.tokenize; chat_key: the key of
-    each record's message list when the source is conversations (data.tokenize
-    then renders them with the recipe's chat template). A recipe's
-    ``[[data.sources]]`` are these; the values are checked on construction.
+    over the source's tokens the plan may use (fractions allowed).
+
+    Where its text comes from, for data.download / data.tokenize: ``hub_id`` with
+    ``subset`` (the dataset's config), ``split`` and ``revision`` (a pinned commit,
+    recorded in the manifest), or ``input``, a local file, folder or glob (bundled
+    data); ``text_key`` names the text column, or ``chat_key`` the message list of
+    conversations (rendered with the recipe's chat template). ``exclude`` drops rows
+    whose column holds one of the listed values (``{source = ["..."]}``), at
+    tokenization, and is recorded in the manifest. ``expected_tokens``: the source's
+    size by its dataset card, so a dry run can size-check the plan before any data
+    exists (see ``needs``). A recipe's ``[[data.sources]]`` are these; the values are
+    checked on construction.
     """
 
     name: str
@@ -72,9 +80,15 @@ class SourceSpec:
     weight: float | None = None  # share of the mixture ...
     tokens: int | None = None  # ... or a token budget for this phase
     max_epochs: float = 1.0  # how many times the source may be repeated
+    expected_tokens: int | None = None  # the source's size by its card (Llama-2 tokens)
     hub_id: str | None = None
     subset: str | None = None
+    split: str = "train"
+    revision: str | None = None
+    input: str | None = None  # a local file, folder or glob instead of hub_id
+    text_key: str = "text"
     chat_key: str | None = None
+    exclude: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self):
         where = f"source {self.name!r} ({self.path})"
@@ -86,6 +100,109 @@ class SourceSpec:
             raise MixtureError(f"{where}: token budget must be > 0, got {self.tokens}")
         if not self.max_epochs > 0:
             raise MixtureError(f"{where}: max_epochs must be > 0, got {self.max_epochs}")
+        if self.expected_tokens is not None and self.expected_tokens <= 0:
+            raise MixtureError(f"{where}: expected_tokens must be > 0, got {self.expected_tokens}")
+        if self.hub_id and self.input:
+            raise MixtureError(f"{where}: give at most one of hub_id and input")
+        if (self.subset or self.revision) and not self.hub_id:
+            raise MixtureError(f"{where}: subset and revision need a hub_id")
+
+    @property
+    def origin(self) -> tuple:
+        """What the source reads: two sources with the same origin count the same rows twice."""
+        return (self.hub_id, self.subset, self.split, self.input, tuple(sorted(
+            (k, tuple(sorted(v))) for k, v in self.exclude.items())))
+
+
+@dataclass(frozen=True)
+class SourceNeed:
+    """A source's share of the planned run, against its expected size (no data needed)."""
+
+    name: str
+    planned_tokens: int  # stream tokens the run reads from it
+    max_epochs: float
+    expected_tokens: int | None
+
+    @property
+    def needs(self) -> int:
+        """The fewest tokens the source must hold for the plan to stay within max_epochs."""
+        return math.ceil(self.planned_tokens / self.max_epochs)
+
+    @property
+    def epochs(self) -> float | None:
+        return None if not self.expected_tokens else self.planned_tokens / self.expected_tokens
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.expected_tokens is None else self.expected_tokens >= self.needs
+
+    def line(self) -> str:
+        size = "expected size unknown (set expected_tokens)" if self.expected_tokens is None else (
+            f"expected {self.expected_tokens:,} -> {self.epochs:.2f} epochs of max {self.max_epochs:g}: "
+            + ("ok" if self.fits else f"SHORT by {self.needs - self.expected_tokens:,} tokens"))
+        return f"  {self.name}: plan {self.planned_tokens:,} tokens, needs >= {self.needs:,} tokens; {size}"
+
+
+def check_distinct(sources: list[SourceSpec]) -> None:
+    """No rows counted twice: two sources may not read the same dataset config, split and filter."""
+    seen: dict[tuple, str] = {}
+    for s in sources:
+        if s.hub_id or s.input:
+            if s.origin in seen:
+                raise MixtureError(f"sources {seen[s.origin]!r} and {s.name!r} read the same rows "
+                                   f"({s.hub_id or s.input}, subset {s.subset}, split {s.split}): keep one")
+            seen[s.origin] = s.name
+
+
+def schedule_counts(sources: list[SourceSpec], seq_len: int, total_samples: int | None,
+                    period: int = DEFAULT_PERIOD) -> tuple[np.ndarray, int | None]:
+    """Samples per ``period`` for each source (its share of the mixture) and the planned total
+    samples (derived from the budgets when only budgets are given). Needs no data."""
+    budgets = np.array([s.tokens or 0 for s in sources], dtype=np.float64)
+    weights = np.array([s.weight or 0.0 for s in sources], dtype=np.float64)
+    has_weights = any(s.weight is not None for s in sources)
+    if has_weights and weights.sum() <= 0:
+        raise MixtureError(f"weights sum to zero: {[(s.name, s.weight) for s in sources]}")
+    if budgets.sum() == 0:
+        shares = weights / weights.sum()
+    elif not has_weights:  # budgets only: they act as weights, and their sum is the plan by default
+        if total_samples is None:
+            total_samples = math.ceil(budgets.sum() / seq_len)
+        shares = budgets / budgets.sum()
+    else:
+        if total_samples is None:
+            raise MixtureError("token budgets mixed with weights need total_samples")
+        total = total_samples * seq_len
+        if budgets.sum() > total:
+            raise MixtureError(f"token budgets sum to {int(budgets.sum())} > {total} planned tokens")
+        shares = budgets / total + (1.0 - budgets.sum() / total) * weights / weights.sum()
+    counts = _allocate(shares, period)
+    starved = [s.name for s, w, c in zip(sources, shares, counts) if w > 0 and c == 0]
+    if starved:
+        raise MixtureError(f"sources {starved} get no sample per {period}: raise `period`")
+    return counts, total_samples
+
+
+def samples_per_source(counts: np.ndarray, n: int, slot_source: np.ndarray | None = None) -> np.ndarray:
+    """How many of the global samples [0, n) each source provides (exact with ``slot_source``,
+    the schedule's slot -> source; else whole periods plus a proportional remainder)."""
+    block, slot = divmod(int(n), int(counts.sum()))
+    if slot_source is None:
+        slot_source = _interleave(counts)[0]
+    return block * counts + np.bincount(slot_source[:slot], minlength=len(counts))
+
+
+def planned_stream_tokens(samples: int, seq_len: int) -> int:
+    """Stream tokens ``samples`` windows of one source read (they overlap by one token)."""
+    return samples * seq_len + int(samples > 0)
+
+
+def needs(sources: list[SourceSpec], seq_len: int, total_samples: int) -> list[SourceNeed]:
+    """Every source's planned tokens and the size it needs, from the recipe alone."""
+    counts, total_samples = schedule_counts(sources, seq_len, total_samples)
+    per_source = samples_per_source(counts, total_samples)
+    return [SourceNeed(s.name, planned_stream_tokens(int(n), seq_len), s.max_epochs, s.expected_tokens)
+            for s, n in zip(sources, per_source)]
 
 
 @dataclass(frozen=True)
@@ -123,39 +240,26 @@ def _interleave(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class SourceStream:
-    """A source's documents as an endless stream, one seeded permutation per epoch."""
+    """A source's documents as an endless stream, one seeded permutation per epoch.
+
+    Lengths and permutations come from the source's memory-mapped index (data.index),
+    built once per node and shared by the ranks that read it."""
 
     def __init__(self, source: TokenizedSource, name: str, seed: int, max_epochs: float | None):
         self.source, self.name, self.max_epochs = source, name, max_epochs
         self.shards = [s.tokens for s in source.shards]
         self.masks = [s.loss for s in source.shards] if all(s.loss is not None for s in source.shards) else None
         self.shard_offsets = np.cumsum([0] + [s.num_tokens for s in source.shards], dtype=np.int64)
-        lens = np.concatenate([np.diff(s.doc_ends.astype(np.int64), prepend=0) for s in source.shards])
-        if lens.max() >= 2**32:
-            raise ShardError(f"{source.path}: a document has >= 2**32 tokens")
-        self.lens = lens.astype(np.uint32)
+        self.index = SourceIndex(source)
+        self.lens = self.index.lens
         self.num_docs = len(self.lens)
         self.num_tokens = int(self.shard_offsets[-1])
-        self.starts_ckpt = self._ckpt(self.lens)  # global start of document j * _CKPT
+        self.starts_ckpt = self.index.starts  # global start of document j * _CKPT
         self._key = [seed, _seed_key(name)]
-        self._epochs: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
-
-    @staticmethod
-    def _ckpt(lens: np.ndarray) -> np.ndarray:
-        pad = -len(lens) % _CKPT
-        blocks = np.concatenate([lens, np.zeros(pad, lens.dtype)]).reshape(-1, _CKPT).sum(1, dtype=np.int64)
-        return np.concatenate([[0], np.cumsum(blocks)])
 
     def epoch(self, e: int) -> tuple[np.ndarray, np.ndarray]:
         """(permutation of documents, stream offset of every _CKPT-th permuted document)."""
-        if e not in self._epochs:
-            perm = np.arange(self.num_docs, dtype=np.uint32 if self.num_docs < 2**32 else np.uint64)
-            np.random.default_rng(self._key + [e]).shuffle(perm)
-            self._epochs[e] = (perm, self._ckpt(self.lens[perm]))
-            while len(self._epochs) > 2:  # readers move forward: keep current and previous
-                self._epochs.popitem(last=False)
-        self._epochs.move_to_end(e)
-        return self._epochs[e]
+        return self.index.epoch(self._key, e)
 
     def doc_start(self, d: int) -> int:
         base = d - d % _CKPT
@@ -218,11 +322,7 @@ class Mixture:
         self.sources = [s if isinstance(s, SourceSpec) else SourceSpec(**s) for s in self.sources]
         self._check_specs()
         opened = [open_source(s.path, self.expected_fingerprint, self.expected_vocab_size) for s in self.sources]
-        shares = self._shares()
-        self.counts = _allocate(shares, self.period)
-        starved = [s.name for s, w, c in zip(self.sources, shares, self.counts) if w > 0 and c == 0]
-        if starved:
-            raise MixtureError(f"sources {starved} get no sample per {self.period}: raise `period`")
+        self.counts, self.total_samples = schedule_counts(self.sources, self.seq_len, self.total_samples, self.period)
         self.slot_source, self.slot_rank = _interleave(self.counts)
         self.streams = [SourceStream(src, spec.name, self.seed, spec.max_epochs)
                         for spec, src in zip(self.sources, opened)]
@@ -239,31 +339,13 @@ class Mixture:
         names = [s.name for s in self.sources]
         if len(set(names)) != len(names):
             raise MixtureError(f"source names must be unique: {names}")
-
-    def _shares(self) -> np.ndarray:
-        budgets = np.array([s.tokens or 0 for s in self.sources], dtype=np.float64)
-        weights = np.array([s.weight or 0.0 for s in self.sources], dtype=np.float64)
-        has_weights = any(s.weight is not None for s in self.sources)
-        if has_weights and weights.sum() <= 0:
-            raise MixtureError(f"weights sum to zero: {[(s.name, s.weight) for s in self.sources]}")
-        if budgets.sum() == 0:
-            return weights / weights.sum()
-        if not has_weights:  # budgets only: they act as weights, and their sum is the plan by default
-            if self.total_samples is None:
-                self.total_samples = math.ceil(budgets.sum() / self.seq_len)
-            return budgets / budgets.sum()
-        if self.total_samples is None:
-            raise MixtureError("token budgets mixed with weights need total_samples")
-        total = self.total_samples * self.seq_len
-        if budgets.sum() > total:
-            raise MixtureError(f"token budgets sum to {int(budgets.sum())} > {total} planned tokens")
-        return budgets / total + (1.0 - budgets.sum() / total) * weights / weights.sum()
+        check_distinct(self.sources)
 
     def _plan(self, opened: list[TokenizedSource]) -> list[SourcePlan]:
         per_source = self.samples_per_source(self.total_samples) if self.total_samples else None
         plans = []
         for i, (spec, src) in enumerate(zip(self.sources, opened)):
-            planned = None if per_source is None else int(per_source[i]) * self.seq_len + int(per_source[i] > 0)
+            planned = None if per_source is None else planned_stream_tokens(int(per_source[i]), self.seq_len)
             plans.append(SourcePlan(spec.name, str(spec.path), float(self.counts[i] / self.period), src.num_tokens,
                                     src.num_documents, planned,
                                     None if planned is None else planned / src.num_tokens))
@@ -277,8 +359,7 @@ class Mixture:
 
     def samples_per_source(self, n: int) -> np.ndarray:
         """How many of the global samples [0, n) each source provides."""
-        block, slot = divmod(int(n), self.period)
-        return block * self.counts + np.bincount(self.slot_source[:slot], minlength=len(self.sources))
+        return samples_per_source(self.counts, n, self.slot_source)
 
     def consumed_tokens(self, n: int) -> dict[str, int]:
         """Label tokens each source contributed to global samples [0, n) (for logging)."""

@@ -229,18 +229,21 @@ def write_manifest(directory: str | Path, tokenizer: dict, input_description: di
     return manifest
 
 
-def checksum(path: str | Path) -> str:
-    """Hex BLAKE2b-128 of a file's bytes, read in 16 MiB blocks."""
+def checksum(path: str | Path, bar=None) -> str:
+    """Hex BLAKE2b-128 of a file's bytes, read in 16 MiB blocks (``bar.update(bytes)`` after each)."""
     h = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as f:
         while block := f.read(_HASH_BLOCK):
             h.update(block)
+            if bar is not None:
+                bar.update(len(block))
     return h.hexdigest()
 
 
-def verify_checksums(directory: str | Path) -> TokenizedSource:
+def verify_checksums(directory: str | Path, bar=None) -> TokenizedSource:
     """Open a source (sizes, index, framing) and check every shard and index file against
-    the checksums in its manifest; a ShardError names the first file that differs."""
+    the checksums in its manifest; a ShardError names the first file that differs.
+    ``bar``: a progress counter, updated with the bytes read."""
     source = open_source(directory, check_docs=True)
     mpath = Path(directory) / MANIFEST
     for entry in source.manifest["shards"]:
@@ -252,7 +255,7 @@ def verify_checksums(directory: str | Path) -> TokenizedSource:
         if source.manifest.get("loss_mask"):
             files.append((Path(f"{path}.loss"), entry.get("loss_blake2b")))
         for file, expected in files:
-            if (actual := checksum(file)) != expected:
+            if (actual := checksum(file, bar)) != expected:
                 raise ShardError(f"checksum mismatch {file}: blake2b {actual}, {mpath} says {expected}")
     return source
 

