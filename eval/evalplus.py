@@ -1,45 +1,48 @@
-"""HumanEval+ and MBPP+ by the EvalPlus protocol: greedy pass@1 on base and on plus tests.
+"""HumanEval+ and MBPP+ greedy pass@1, base and plus, scored by the ``evalplus`` package itself.
 
-What is mirrored from EvalPlus (github.com/evalplus/evalplus: codegen.py,
-provider/utility.py, evaluate.py, eval/__init__.py, sanitize.py, config.py):
+Every verdict comes from EvalPlus's own code (``evalplus==0.3.1``, pinned:
+``make setup`` installs it without its model-provider dependencies):
 
-- data: the release files ``HumanEvalPlus.jsonl(.gz)`` v0.1.10 and
-  ``MbppPlus.jsonl(.gz)`` v0.2.0 (task_id, prompt, entry_point,
-  canonical_solution, base_input, plus_input, atol); MBPP+ inputs are
-  turned back into tuples/sets/complex numbers as EvalPlus's loader does.
-- prompts: ``prompt.strip() + "\\n"``. Base models continue it (the solution
-  is prompt + completion), stopping at EvalPlus's EOS strings plus the
-  per-dataset direct-completion stops, after at most 768 new tokens. Instruct models (``chat=True``) get
-  the instruction "Please provide a self-contained Python script ..." with
-  the task in a code block as the user turn, and the answer is started for
-  them with "Below is a Python script ...\\n```python\\n" (the chat template,
-  cut at a marker inside the assistant turn); the solution is the answer.
-- sanitize: the longest syntactically valid run of lines, then only imports
-  and the definitions the entry point reaches (an ``ast`` version of
-  EvalPlus's tree-sitter one).
-- tests: the expected outputs are the canonical solution's on the same
-  inputs; each input gets max(1.0 s, 4 x the canonical solution's time)
-  (EvalPlus's DEFAULT_MIN_TIME_LIMIT, DEFAULT_GT_TIME_LIMIT_FACTOR); outputs
-  must be equal, or close with the task's atol (1e-6 for floats when atol is
-  0; numpy's assert_allclose rule, in plain Python: the sandbox's guard
-  leaves numpy unimportable), with EvalPlus's three special oracles; the
-  first failing input fails the set (its fast check). "plus" passes when
-  base and plus both pass.
+- data: its loaders (``get_human_eval_plus``/``get_mbpp_plus``: MBPP+ inputs
+  turned back into tuples, sets, complex numbers), pointed at the given
+  release file through its own override (``HUMANEVAL_OVERRIDE_PATH`` /
+  ``MBPP_OVERRIDE_PATH``, which it reads once at import: we set the module
+  value it reads); with no file, its own cache, else its own download;
+- sanitizing: ``evalplus.sanitize.sanitize`` (tree-sitter), on the prompt plus
+  the completion for base models, on the answer for instruct ones, as its
+  ``codegen`` does;
+- expected outputs and checks: ``evalplus.evaluate.get_groundtruth`` and
+  ``check_correctness`` (fast check: the first failing input ends a set;
+  per input max(1 s, 4 x the canonical solution's time)), which run the code
+  through ``untrusted_check``: a forked process with its reliability guard
+  (``open`` disabled, no ``__main__`` blocks, 4 GiB), its comparison (type,
+  length, atol rules, set-compared and ``is not None`` MBPP+ tasks) and its
+  per-task oracles. That harness runs inside ``eval.sandbox`` (no network,
+  nothing writable outside its directory, a wall-time limit), never in this
+  process; "plus" passes when base and plus both pass, as in its report.
 
-Each check runs as one program in ``eval.sandbox`` (never in this process):
-the canonical solution is timed there first, then the candidate runs.
+find_zero (HumanEval/32): 0.3.1's oracle ``continue``s before recording a
+pass, so it fails every find_zero solution, the canonical one included;
+upstream fixed it after the release (evalplus commit 6eb1e19, "fix(find_zero):
+record results before continue", #241). ``find_zero="fixed"`` (the default)
+applies that fix; ``"released"`` scores exactly as 0.3.1 does.
+
+Prompts and stops are EvalPlus's too (``evalplus.provider.utility`` and the
+instruction/response prefixes of its ``codegen``): base models continue
+``prompt.strip() + "\\n"``; instruct models (``chat=True``) get the task in a
+code block as the user turn and an answer started with "Below is a Python
+script ...\\n```python\\n" (the chat template cut at EvalPlus's marker).
 """
 
 from __future__ import annotations
 
-import ast
 import base64
 import dataclasses
-import gzip
 import json
 import os
 import pickle
 from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
@@ -48,63 +51,68 @@ from . import dist
 from .generate import generate
 from .sandbox import run_program
 
-RELEASES = {"humaneval": ("HumanEvalPlus", "v0.1.10", "HUMANEVAL_OVERRIDE_PATH"),
-            "mbpp": ("MbppPlus", "v0.2.0", "MBPP_OVERRIDE_PATH")}
-RELEASE_URL = "https://github.com/evalplus/{repo}_release/releases/download/{version}/{name}.jsonl.gz"
+EVALPLUS_VERSION = "0.3.1"
+INSTALL = f"pip install --no-deps evalplus=={EVALPLUS_VERSION} (after pip install -e '.[eval]'), or make setup"
+try:
+    _installed = version("evalplus")
+except PackageNotFoundError:
+    _installed = None
+if _installed != EVALPLUS_VERSION:
+    raise ImportError(f"EvalPlus scoring runs evalplus=={EVALPLUS_VERSION}'s own code; "
+                      f"{'found ' + _installed if _installed else 'it is not installed'}: {INSTALL}")
+
+import evalplus.data.humaneval as _humaneval  # noqa: E402
+import evalplus.data.mbpp as _mbpp  # noqa: E402
+from evalplus.config import DEFAULT_GT_TIME_LIMIT_FACTOR, DEFAULT_MIN_TIME_LIMIT  # noqa: E402
+from evalplus.data.utils import get_dataset_metadata, make_cache  # noqa: E402
+from evalplus.provider.utility import _MAGIC_SPLITTER_, EOS, extra_eos_for_direct_completion  # noqa: E402
+from evalplus.provider.utility import make_raw_chat_prompt  # noqa: E402
+from evalplus.sanitize import sanitize  # noqa: E402
+
+# dataset -> (release name, its data module, the override variable that module reads, release version)
+RELEASES = {"humaneval": ("HumanEvalPlus", _humaneval, "HUMANEVAL_OVERRIDE_PATH", _humaneval.HUMANEVAL_PLUS_VERSION),
+            "mbpp": ("MbppPlus", _mbpp, "MBPP_OVERRIDE_PATH", _mbpp.MBPP_PLUS_VERSION)}
+REQUIRED = ("task_id", "prompt", "entry_point", "canonical_solution", "base_input", "plus_input", "atol")
 MAX_NEW_TOKENS = 768  # EvalPlus's DecoderBase default
-MIN_TIME_LIMIT = 1.0
-GT_TIME_LIMIT_FACTOR = 4.0
-EOS = ["<|endoftext|>", "<|endofmask|>", "</s>", "\nif __name__", "\ndef main(", "\nprint("]
-DIRECT_COMPLETION_STOPS = {"humaneval": ["\ndef ", "\nclass ", "\nimport ", "\nfrom ", "\nassert "],
-                           "mbpp": ['\n"""', "\nassert"]}
+CHAT_STOP = "\n```\n"  # its HF and vLLM providers stop an instruct answer at the code block's end
+# evalplus/codegen.py's run_codegen (plain strings there, not importable)
 INSTRUCTION_PREFIX = ("Please provide a self-contained Python script that solves the following problem "
                       "in a markdown code block:")
 RESPONSE_PREFIX = ("Below is a Python script with a self-contained function that solves the problem "
                    "and passes corresponding tests:")
-_SPLIT = "-[[]]-this-is-really-our-highest-priority-[[]]-"  # EvalPlus's marker inside the answer
+FIND_ZERO = ("fixed", "released")
 
 
 class EvalPlusDataError(FileNotFoundError):
     """The EvalPlus release file is missing or malformed."""
 
 
-def cache_path(dataset: str) -> Path:
-    """Where EvalPlus itself caches the release (so an existing EvalPlus install's copy is found)."""
-    name, version, _ = RELEASES[dataset]
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "evalplus"
-    return root / f"{name}-{version}.jsonl"
+# ---------------------------------------------------------------- data
 
-
-def _fetch(dataset: str) -> Path:
-    import urllib.request
-
-    name, version, _ = RELEASES[dataset]
-    url = RELEASE_URL.format(repo=name.lower(), version=version, name=name)
-    dest = cache_path(dataset)
+def release_file(dataset: str) -> Path:
+    """EvalPlus's own file when none is given: its override variable, else its cache, else its download."""
+    name, module, override, release = RELEASES[dataset]
+    if getattr(module, override):
+        return Path(getattr(module, override))
+    url, cache = get_dataset_metadata(name, release, mini=False)
     try:
-        with urllib.request.urlopen(url, timeout=30) as r:
-            data = gzip.decompress(r.read())
+        make_cache(url, cache)
     except OSError as e:
         raise EvalPlusDataError(
-            f"{dataset}: no --evalplus-data file given, none at {dest}, and {url} could not be fetched ({e}). "
-            f"Download {name}.jsonl.gz ({version}) from {url} on a machine with "
-            f"network access and pass it with --evalplus-data (or put it, decompressed, at {dest}).") from None
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_bytes(data)
-    return dest
+            f"{dataset}: no --evalplus-data file given, none at {cache} (EvalPlus's cache), and {url} could not "
+            f"be fetched ({e}). Download {name}.jsonl.gz ({release}) from {url} on a machine with network access "
+            f"and pass it with --evalplus-data (or put it, decompressed, at {cache}).") from None
+    return Path(cache)
 
 
-def load_tasks(dataset: str, path: str | Path | None = None, limit: int | None = None) -> list[dict]:
-    """The tasks of a release file (the first ``limit``), inputs deserialized as EvalPlus does."""
-    if dataset not in RELEASES:
-        raise ValueError(f"unknown EvalPlus dataset {dataset!r}: expected one of {sorted(RELEASES)}")
-    path = path or os.environ.get(RELEASES[dataset][2])
-    path = Path(path) if path else (cache_path(dataset) if cache_path(dataset).is_file() else _fetch(dataset))
+def _check_file(path: Path) -> None:
+    """Name the file, line and field of a problem before EvalPlus's loader meets it."""
+    import gzip
+
     if not path.is_file():
         raise EvalPlusDataError(f"{path}: no such EvalPlus release file")
-    opener = gzip.open if path.suffix == ".gz" else open
-    tasks = []
-    with opener(path, "rt", encoding="utf-8") as f:
+    n_tasks = 0
+    with (gzip.open if path.name.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -112,258 +120,138 @@ def load_tasks(dataset: str, path: str | Path | None = None, limit: int | None =
                 task = json.loads(line)
             except json.JSONDecodeError as e:
                 raise EvalPlusDataError(f"{path}: line {n}: not JSON ({e})") from None
-            missing = [k for k in ("task_id", "prompt", "entry_point", "canonical_solution", "base_input",
-                                   "plus_input", "atol") if k not in task]
+            missing = [k for k in REQUIRED if k not in task]
             if missing:
                 raise EvalPlusDataError(f"{path}: line {n}: missing {missing}")
-            if dataset == "mbpp":
-                task["base_input"] = mbpp_inputs(task["task_id"], task["base_input"])
-                task["plus_input"] = mbpp_inputs(task["task_id"], task["plus_input"])
-            tasks.append(task)
-            if limit and len(tasks) == limit:
-                break
-    if not tasks:
+            n_tasks += 1
+    if not n_tasks:
         raise EvalPlusDataError(f"{path}: no tasks")
-    return tasks
 
 
-def _tuples(x):
-    return tuple(_tuples(i) for i in x) if isinstance(x, list) else x
+def load_tasks(dataset: str, path: str | Path | None = None, limit: int | None = None) -> list[dict]:
+    """The tasks of a release file (the first ``limit``), as EvalPlus's loader returns them."""
+    if dataset not in RELEASES:
+        raise ValueError(f"unknown EvalPlus dataset {dataset!r}: expected one of {sorted(RELEASES)}")
+    _, module, override, _ = RELEASES[dataset]
+    path = Path(path) if path is not None else release_file(dataset)
+    _check_file(path)
+    # The loader reads the module value its import took from the environment: point it at this file.
+    saved = getattr(module, override)
+    setattr(module, override, str(path))
+    try:
+        tasks = (module.get_human_eval_plus if dataset == "humaneval" else module.get_mbpp_plus)(err_incomplete=False)
+    finally:
+        setattr(module, override, saved)
+    return list(tasks.values())[:limit] if limit else list(tasks.values())
 
 
-# MBPP+ task numbers whose JSON inputs EvalPlus turns back into tuples (evalplus/data/mbpp.py).
-_MBPP_ARGS_TUPLES = {2, 116, 132, 143, 222, 261, 273, 394, 399, 421, 424, 429, 470, 560, 579, 596, 616, 630, 726,
-                     740, 744, 809}
-_MBPP_NESTED_TUPLES = {63, 64, 70, 94, 120, 237, 272, 299, 400, 409, 417, 438, 473, 614, 780}
-_MBPP_FIRST_NESTED = {75, 413, 444, 753}
-_MBPP_FIRST_TUPLE = {250, 405, 446, 617, 720, 763, 808}
-_MBPP_DOUBLE_NESTED = {259, 401, 445}
-
-
-def mbpp_inputs(task_id: str, inputs: list) -> list:
-    """MBPP+ inputs as EvalPlus passes them (JSON has no tuples, sets or complex numbers)."""
-    t = int(task_id.split("/")[-1])
-    if t in _MBPP_ARGS_TUPLES:
-        return [[tuple(a) for a in inp] for inp in inputs]
-    if t in _MBPP_NESTED_TUPLES:
-        return [[[tuple(x) for x in a] for a in inp] for inp in inputs]
-    if t in _MBPP_FIRST_NESTED:
-        return [[[tuple(x) for x in inp[0]], inp[1]] for inp in inputs]
-    if t in (106, 750):
-        return [[inp[0], tuple(inp[1])] for inp in inputs]
-    if t == 115:
-        return [[[set(x) if isinstance(x, list) and x else {} for x in inp[0]]] for inp in inputs]
-    if t == 124:
-        return [(float(inp[0]), complex(inp[1])) for inp in inputs]
-    if t in _MBPP_FIRST_TUPLE:
-        return [[tuple(inp[0]), inp[1]] for inp in inputs]
-    if t in _MBPP_DOUBLE_NESTED:
-        return [[tuple(tuple(x) for x in a) for a in inp] for inp in inputs]
-    if t == 278:
-        return [[tuple(tuple(x) if isinstance(x, list) else x for x in inp[0])] for inp in inputs]
-    if t == 307:
-        return [[tuple(inp[0]), inp[1], inp[2]] for inp in inputs]
-    if t == 722:
-        return [[{k: tuple(v) for k, v in inp[0].items()}, *inp[1:]] for inp in inputs]
-    if t == 252:
-        return [[complex(inp[0])] for inp in inputs]
-    if t in (580, 615, 791):
-        return [_tuples(inp) for inp in inputs]
-    return inputs
-
-
-# ---------------------------------------------------------------- prompts and sanitizing
+# ---------------------------------------------------------------- prompts
 
 def base_prompt(task: dict) -> str:
     return task["prompt"].strip() + "\n"
 
 
 def chat_messages(task: dict) -> list[dict]:
-    """The instruct prompt as a conversation; the answer holds the marker where generation starts."""
+    """The conversation ``make_raw_chat_prompt`` renders (the answer holds EvalPlus's marker)."""
     user = f"{INSTRUCTION_PREFIX}\n```\n{task['prompt'].strip()}\n```\n"
-    answer = f"{RESPONSE_PREFIX}\n```python\n{_SPLIT}\n```\n"
+    answer = f"{RESPONSE_PREFIX}\n```python\n{_MAGIC_SPLITTER_}\n```\n"
     return [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
 
 
 def chat_prompt_ids(task: dict, tokenizer, template: str | None = None) -> list[int]:
     """Ids of the instruct prompt: the chat template cut at the marker, as EvalPlus builds it."""
-    messages = chat_messages(task)
-    if hasattr(tokenizer, "hf"):  # an exported folder: its own tokenizer and template, as EvalPlus uses them
+    if hasattr(tokenizer, "hf"):  # an exported folder: its own tokenizer and template, through EvalPlus's code
         if tokenizer.hf.chat_template is None:
             raise ValueError("--chat: the tokenizer has no chat_template")
-        text = tokenizer.hf.apply_chat_template(messages, tokenize=False).split(_SPLIT)[0]
+        text = make_raw_chat_prompt(task["prompt"], INSTRUCTION_PREFIX, RESPONSE_PREFIX, tokenizer.hf)
         return tokenizer.hf(text, add_special_tokens=False)["input_ids"]
     from data.chat import prefix_ids
 
-    return prefix_ids(messages, tokenizer, _SPLIT, template)
+    return prefix_ids(chat_messages(task), tokenizer, _MAGIC_SPLITTER_, template)
 
 
-def extract_code(text: str) -> str:
-    """The longest run of lines that parses (by non-blank lines), as EvalPlus's code_extract."""
-    lines = text.split("\n")
-    best, best_len = "", 0
-    for i in range(len(lines)):
-        for j in range(i + 1, len(lines) + 1):
-            chunk = "\n".join(lines[i:j])
-            size = sum(1 for line in lines[i:j] if line.strip())
-            if size > best_len and _parses(chunk):
-                best, best_len = chunk, size
-    return best
+def stops(dataset: str, chat: bool) -> list[str]:
+    return EOS + ([CHAT_STOP] if chat else extra_eos_for_direct_completion(dataset))
 
 
-def _parses(code: str) -> bool:
-    try:
-        ast.parse(code)
-        return True
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
-        return False
+# ---------------------------------------------------------------- checking
 
+# The harness run in the sandbox: EvalPlus's ground truth and checks, with EvalPlus's own
+# process structure (its untrusted_check forks the guarded process that runs the solution).
+# Its last stdout line is the JSON list of [base status, plus status] per job.
+_HARNESS = r'''
+import base64, json, pickle
+import evalplus.eval
+from evalplus.eval._special_oracle import MBPP_OUTPUT_NOT_NONE_TASKS
+from evalplus.evaluate import check_correctness, get_groundtruth
 
-def sanitize(text: str, entry_point: str | None = None) -> str:
-    """Imports plus the functions, classes and top-level assignments the entry point needs."""
-    code = extract_code(text)
-    tree = ast.parse(code)
-    imports, defs, order = [], {}, []
-    for node in tree.body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            imports.append(node)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            if node.name not in defs:
-                defs[node.name] = node
-                order.append(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names = [t.id for t in targets if isinstance(t, ast.Name)]
-            if names and names[0] not in defs:
-                defs[names[0]] = node
-                order.append(names[0])
-    keep = set(order)
-    if entry_point and entry_point in defs:
-        keep, todo = set(), [entry_point]
-        while todo:
-            name = todo.pop()
-            if name in keep or name not in defs:
-                continue
-            keep.add(name)
-            todo += [n.id for n in ast.walk(defs[name]) if isinstance(n, ast.Name)]
-    nodes = imports + [defs[name] for name in order if name in keep]
-    return "\n".join(_segment(code, n) for n in sorted(nodes, key=lambda n: n.lineno)) + "\n"
+dataset, jobs, limits, find_zero = pickle.loads(base64.b64decode(PAYLOAD))
+if find_zero == "fixed":
+    # evalplus 6eb1e19 (after 0.3.1), "fix(find_zero): record results before continue": 0.3.1's
+    # find_zero oracle skips recording a passed input, so every solution fails. Under fast_check
+    # any failing input ends the run as failed, so a successful run passed every input: record
+    # them as the fix does. Only untrusted_check's forked process runs this.
+    released = evalplus.eval.unsafe_execute
 
+    def fixed(dataset, entry_point, code, inputs, expected, time_limits, atol, fast_check, stat, details, progress):
+        released(dataset, entry_point, code, inputs, expected, time_limits, atol, fast_check, stat, details,
+                 progress)
+        if dataset == "humaneval" and entry_point == "find_zero" and stat.value == evalplus.eval._SUCCESS:
+            for i in range(len(inputs)):
+                details[i] = True
+            progress.value = len(inputs)
 
-def _segment(code: str, node: ast.stmt) -> str:
-    """A top-level statement's lines, decorators included."""
-    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-    return "\n".join(code.split("\n")[first - 1 : node.end_lineno])
-
-
-# ---------------------------------------------------------------- running the tests
-
-_CHECK = r'''
-import base64, contextlib, copy, io, math, pickle, signal, sys, time
-
-INPUTS = pickle.loads(base64.b64decode({inputs!r}))
-ENTRY, ATOL, MIN_T, FACTOR = {entry!r}, {atol!r}, {min_t!r}, {factor!r}
-
-class _Timeout(BaseException):
-    pass
-
-def _alarm(signum, frame):
-    raise _Timeout()
-
-signal.signal(signal.SIGALRM, _alarm)
-
-def _call(fn, inp, limit):
-    signal.setitimer(signal.ITIMER_REAL, limit)
-    try:
-        return fn(*copy.deepcopy(inp))
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-
-def _is_floats(x):
-    if isinstance(x, float):
-        return True
-    if isinstance(x, (list, tuple)):
-        return all(isinstance(i, float) for i in x)
-    return False
-
-def _flat(x):
-    return [v for i in x for v in _flat(i)] if isinstance(x, (list, tuple)) else [x]
-
-def _allclose(out, exp, atol):  # numpy.testing.assert_allclose(out, exp, atol=atol), rtol 1e-7
-    o, e = _flat(out), _flat(exp)
-    assert len(o) == len(e)
-    for a, b in zip(o, e):
-        a, b = complex(a), complex(b)
-        if a == b or (a != a and b != b):
-            continue
-        assert abs(a - b) <= atol + 1e-7 * abs(b)
-
-def _poly(xs, x):
-    return sum(c * math.pow(x, i) for i, c in enumerate(xs))
-
-def _sticky(value):  # EvalPlus's oracle for tasks accepting "always <value>" (MBPP 164, 295)
-    state = {{"same": True, "const": True}}
-    def check(out, exp):
-        state["same"] = state["same"] and out == exp
-        state["const"] = state["const"] and out == value
-        return state["same"] or state["const"]
-    return check
-
-_SPECIAL = {{"are_equivalent": _sticky(True), "sum_div": _sticky(0)}}
-quiet = io.StringIO()
-with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-    ref = {{}}
-    exec(compile({reference!r}, "reference.py", "exec"), ref)
-    expected, times = [], []
-    for inp in INPUTS:
-        t = time.perf_counter()
-        expected.append(ref[ENTRY](*copy.deepcopy(inp)))
-        times.append(time.perf_counter() - t)
-    cand = {{"__name__": "__main__"}}
-    exec(compile({solution!r}, "solution.py", "exec"), cand)
-    fn = cand[ENTRY]
-    for i, (inp, exp) in enumerate(zip(INPUTS, expected)):
-        atol = ATOL
-        try:
-            out = _call(fn, inp, max(MIN_T, FACTOR * times[i]))
-            ok = out == exp
-            if ENTRY in _SPECIAL:
-                ok = _SPECIAL[ENTRY](out, exp)
-            elif ENTRY == "find_zero":
-                ok = abs(_poly(inp[0], out)) <= atol
-            if atol == 0 and _is_floats(exp):
-                atol = 1e-6
-            if not ok and atol != 0:
-                _allclose(out, exp, atol)
-            else:
-                assert ok
-        except BaseException as e:
-            sys.__stderr__.write(f"input {{i}}: {{type(e).__name__}}\n")
-            raise SystemExit(1)
-raise SystemExit(0)
+    evalplus.eval.unsafe_execute = fixed
+problems = {task["task_id"]: task for task, _ in jobs}
+expected = get_groundtruth(problems, "sandbox", MBPP_OUTPUT_NOT_NONE_TASKS if dataset == "mbpp" else [])
+statuses = []
+for n, (task, solution) in enumerate(jobs):
+    result = check_correctness(dataset, n, task, solution, expected[task["task_id"]], fast_check=True, **limits)
+    statuses.append([result["base"][0], result["plus"][0]])
+print("\n" + json.dumps(statuses))
 '''
 
 
-def check_program(task: dict, solution: str, which: str, *, min_time_limit: float = MIN_TIME_LIMIT,
-                  factor: float = GT_TIME_LIMIT_FACTOR) -> str:
-    """The program that exits 0 when ``solution`` passes the task's ``which`` ("base"/"plus") inputs."""
-    inputs = base64.b64encode(pickle.dumps(task[f"{which}_input"])).decode()
-    return _CHECK.format(inputs=inputs, entry=task["entry_point"], atol=float(task["atol"] or 0),
-                         min_t=min_time_limit, factor=factor,
-                         reference=task["prompt"] + task["canonical_solution"], solution=solution)
+def default_workers() -> int:
+    """EvalPlus's own default (half the cores), shared by the ranks on this node."""
+    return max(1, (os.cpu_count() or 2) // (2 * int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
 
 
-def check_solution(task: dict, solution: str, *, min_time_limit: float = MIN_TIME_LIMIT,
-                   factor: float = GT_TIME_LIMIT_FACTOR, memory_mb: int = 4096) -> dict[str, bool]:
-    """{"base": passed base tests, "plus": passed base and plus tests}, each run in the sandbox."""
-    result = {}
-    for which in ("base", "plus"):
-        n = len(task[f"{which}_input"])
-        # The outer limit is a backstop: the program enforces each input's own limit.
-        program = check_program(task, solution, which, min_time_limit=min_time_limit, factor=factor)
-        result[which] = run_program(program, timeout_s=20 + n * min_time_limit, memory_mb=memory_mb).passed
-    result["plus"] = result["plus"] and result["base"]
-    return result
+def _check_chunk(dataset: str, jobs: list[tuple[dict, str]], limits: dict, find_zero: str) -> list[dict]:
+    payload = base64.b64encode(pickle.dumps((dataset, jobs, limits, find_zero))).decode()
+    # A backstop only: every check ends within its own limits (EvalPlus's 60 s per set, plus a few s).
+    result = run_program(f"PAYLOAD = {payload!r}\n{_HARNESS}", timeout_s=120 + 130 * len(jobs), guard=False)
+    try:
+        statuses = json.loads(result.stdout_tail.strip().splitlines()[-1])
+        assert len(statuses) == len(jobs)
+    except (IndexError, ValueError, AssertionError):
+        raise RuntimeError(f"the EvalPlus check harness did not finish ({result.status}, exit {result.returncode}): "
+                           f"{result.stderr_tail}") from None
+    return [{"base": base == "pass", "plus": base == plus == "pass"} for base, plus in statuses]
+
+
+def check_solutions(dataset: str, jobs: list[tuple[dict, str]], *, find_zero: str = "fixed",
+                    workers: int | None = None, min_time_limit: float = DEFAULT_MIN_TIME_LIMIT,
+                    gt_time_limit_factor: float = DEFAULT_GT_TIME_LIMIT_FACTOR) -> list[dict[str, bool]]:
+    """{"base": passed the base tests, "plus": passed base and plus} for each (task, sanitized solution),
+    by EvalPlus's check in the sandbox; ``workers`` sandboxes at once, each taking its share of ``jobs``."""
+    if dataset not in RELEASES:
+        raise ValueError(f"unknown EvalPlus dataset {dataset!r}: expected one of {sorted(RELEASES)}")
+    if find_zero not in FIND_ZERO:
+        raise ValueError(f"find_zero: {find_zero!r} is not one of {FIND_ZERO}")
+    if not jobs:
+        return []
+    limits = {"min_time_limit": min_time_limit, "gt_time_limit_factor": gt_time_limit_factor}
+    n = min(workers or default_workers(), len(jobs))
+    shares = [list(range(w, len(jobs), n)) for w in range(n)]
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        parts = list(pool.map(lambda share: _check_chunk(dataset, [jobs[i] for i in share], limits, find_zero),
+                              shares))
+    out: list[dict] = [{}] * len(jobs)
+    for share, part in zip(shares, parts):
+        for i, verdict in zip(share, part):
+            out[i] = verdict
+    return out
 
 
 @dataclasses.dataclass
@@ -380,21 +268,19 @@ class EvalPlusResult:
 
 
 def score(tasks: list[dict], solutions: dict[str, str], dataset: str = "humaneval", chat: bool = False,
-          workers: int = 4, **limits) -> EvalPlusResult:
-    """Score ready-made solutions (complete programs, sanitized here) against their tasks."""
-    clean = {t["task_id"]: sanitize(solutions[t["task_id"]], t["entry_point"]) for t in tasks}
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        passed = list(pool.map(lambda t: check_solution(t, clean[t["task_id"]], **limits), tasks))
+          **check) -> EvalPlusResult:
+    """Score ready-made solutions (complete programs, sanitized here by EvalPlus) against their tasks."""
+    clean = {t["task_id"]: sanitize(solutions[t["task_id"]], entrypoint=t["entry_point"]) for t in tasks}
+    passed = check_solutions(dataset, [(t, clean[t["task_id"]]) for t in tasks], **check)
     return EvalPlusResult(dataset, chat, {t["task_id"]: p for t, p in zip(tasks, passed)}, clean)
 
 
 def evaluate_evalplus(model_fn, tokenizer, dataset: str, *, max_seq_len: int, device: torch.device | str = "cpu",
                       tasks: list[dict] | None = None, data_path: str | Path | None = None,
                       limit: int | None = None, chat: bool = False, chat_template: str | None = None,
-                      max_new_tokens: int = MAX_NEW_TOKENS, workers: int = 4, **limits) -> EvalPlusResult:
+                      max_new_tokens: int = MAX_NEW_TOKENS, **check) -> EvalPlusResult:
     """Greedy pass@1 of ``model_fn`` on base and plus tests. Every rank must call this."""
     tasks = tasks if tasks is not None else load_tasks(dataset, data_path, limit)
-    stops = EOS if chat else EOS + DIRECT_COMPLETION_STOPS[dataset]
     mine = list(range(dist.rank(), len(tasks), dist.world_size()))
     solutions = {}
     with dist.Lockstep(model_fn, device, tokenizer.bos_id) as forward:
@@ -402,11 +288,11 @@ def evaluate_evalplus(model_fn, tokenizer, dataset: str, *, max_seq_len: int, de
             task = tasks[i]
             ids = chat_prompt_ids(task, tokenizer, chat_template) if chat else \
                 tokenizer.encode(base_prompt(task), bos=True)
-            out = generate(forward, tokenizer, [ids], max_new_tokens=max_new_tokens, stop=stops,
-                           max_seq_len=max_seq_len)[0]
+            out = generate(forward, tokenizer, [ids], max_new_tokens=max_new_tokens, stop=stops(dataset, chat),
+                           max_seq_len=max_seq_len)[0].replace("\t", "    ")  # as its providers do
             solutions[task["task_id"]] = out if chat else base_prompt(task) + out
     # Each rank runs the sandboxes for its own tasks only, then the verdicts are gathered.
-    mine_scored = score([tasks[i] for i in mine], solutions, dataset, chat, workers, **limits)
+    mine_scored = score([tasks[i] for i in mine], solutions, dataset, chat, **check)
     passed, clean = {}, {}
     for part_passed, part_clean in dist.all_gather_objects((mine_scored.passed, mine_scored.solutions)):
         passed.update(part_passed)

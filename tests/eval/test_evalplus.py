@@ -1,97 +1,137 @@
-"""EvalPlus protocol: release files in its format, sanitizing, base vs plus tests, time limits,
-and the prompt -> generation -> score path for base and instruct prompts (on two ranks:
+"""EvalPlus scoring is EvalPlus's own: the project's verdicts equal the ``evalplus`` package's own
+evaluation (its loader, sanitizer, ground truth, checks and oracles, run unsandboxed in a subprocess
+as its ``evalplus.evaluate`` runs them) on completions that exercise each of its rules; then the
+prompt -> generation -> score path for base and instruct prompts (on two ranks:
 tests/e2e/test_eval_two_ranks.py)."""
 
 from __future__ import annotations
 
-import gzip
 import json
+import os
+import subprocess
+import sys
+import urllib.error
 
 import pytest
 import torch
 
 from eval import evalplus
-from eval.evalplus import EvalPlusDataError, check_solution, load_tasks, sanitize, score
-from tests.helpers import ADD, MEAN, scripted_evalplus
+from eval.evalplus import EvalPlusDataError, check_solutions, load_tasks
+from tests.eval.evalplus_cases import COMPLETIONS, FIXED, HUMANEVAL, MBPP, write_release
+from tests.helpers import ADD, scripted_evalplus
 
-# MBPP+ task 2 gets tuples back from JSON lists (EvalPlus's loader does the same).
-SIMILAR = {
-    "task_id": "Mbpp/2",
-    "prompt": '"""\nWrite a function to find the shared elements from the given two lists.\n'
-              'assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))\n"""\n',
-    "entry_point": "similar_elements",
-    "canonical_solution": "def similar_elements(a, b):\n    return tuple(set(a) & set(b))\n",
-    "base_input": [[[3, 4, 5, 6], [5, 7, 4, 10]]],
-    "plus_input": [[[1, 2], [2, 3]]],
-    "atol": 0,
-}
+# EvalPlus's own pipeline on the same files: evalplus.sanitize, then evalplus.evaluate.evaluate (its
+# loader through its override variables, read at import: set in this subprocess's environment).
+REFERENCE = r"""
+import json, os, sys
+from evalplus.data import get_human_eval_plus, get_mbpp_plus
+from evalplus.evaluate import evaluate
+from evalplus.sanitize import sanitize
 
-
-def write_release(path, tasks):
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "wt") as f:
-        for t in tasks:
-            f.write(json.dumps(t) + "\n")
-    return path
-
-
-def test_load_release_files_and_mbpp_tuples(tmp_path):
-    tasks = load_tasks("humaneval", write_release(tmp_path / "HumanEvalPlus.jsonl.gz", [ADD, MEAN]))
-    assert [t["task_id"] for t in tasks] == ["HumanEval/0", "HumanEval/1"]
-    assert load_tasks("humaneval", write_release(tmp_path / "h.jsonl", [ADD, MEAN]), limit=1)[0] == ADD
-    mbpp = load_tasks("mbpp", write_release(tmp_path / "MbppPlus.jsonl", [SIMILAR]))
-    assert mbpp[0]["base_input"] == [[(3, 4, 5, 6), (5, 7, 4, 10)]]
+out = sys.argv[1]
+for dataset, get in (("humaneval", get_human_eval_plus), ("mbpp", get_mbpp_plus)):
+    problems = get()
+    raw = [json.loads(line) for line in open(f"{out}/{dataset}_raw.jsonl")]
+    with open(f"{out}/{dataset}.jsonl", "w") as f:
+        for r in raw:
+            f.write(json.dumps({"task_id": r["task_id"],
+                                "solution": sanitize(r["solution"], problems[r["task_id"]]["entry_point"])}) + "\n")
+    evaluate(dataset, samples=f"{out}/{dataset}.jsonl", parallel=2)
+os._exit(0)  # evaluate leaves a non-daemon watchdog thread sleeping for 20 s
+"""
 
 
-def test_missing_data_says_where_to_get_it(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no cached copy; this machine is offline
-    monkeypatch.delenv("HUMANEVAL_OVERRIDE_PATH", raising=False)
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    """The test dataset's two release files, and EvalPlus's own verdicts on every completion."""
+    out = tmp_path_factory.mktemp("evalplus")
+    files = {"humaneval": write_release(out / "HumanEvalPlus.jsonl", HUMANEVAL),
+             "mbpp": write_release(out / "MbppPlus.jsonl", MBPP)}
+    for dataset in files:
+        prefix = "HumanEval/" if dataset == "humaneval" else "Mbpp/"
+        (out / f"{dataset}_raw.jsonl").write_text("".join(
+            json.dumps({"task_id": t, "solution": raw}) + "\n" for t, _, raw, _ in COMPLETIONS if t.startswith(prefix)))
+    env = {**os.environ, "HUMANEVAL_OVERRIDE_PATH": str(files["humaneval"]), "MBPP_OVERRIDE_PATH": str(files["mbpp"]),
+           "XDG_CACHE_HOME": str(out / "cache")}
+    proc = subprocess.run([sys.executable, "-c", REFERENCE, str(out)], env=env, cwd=out, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reference = {}
+    for dataset in files:
+        results = json.loads((out / f"{dataset}_eval_results.json").read_text())["eval"]
+        seen: dict[str, int] = {}
+        for t, name, _, _ in COMPLETIONS:
+            if t in results:
+                r = results[t][seen.setdefault(t, 0)]
+                seen[t] += 1
+                reference[name] = (r["base_status"] == "pass", r["base_status"] == r["plus_status"] == "pass")
+    assert len(reference) == len(COMPLETIONS)
+    return files, reference
+
+
+def project_verdicts(files, find_zero: str) -> dict[str, tuple[bool, bool]]:
+    """The project's path: its loader and sanitizer (EvalPlus's), its checks in the sandbox."""
+    verdicts = {}
+    for dataset, path in files.items():
+        tasks = {t["task_id"]: t for t in load_tasks(dataset, path)}
+        cases = [c for c in COMPLETIONS if c[0] in tasks]
+        jobs = [(tasks[t], evalplus.sanitize(raw, entrypoint=tasks[t]["entry_point"])) for t, _, raw, _ in cases]
+        for (_, name, _, _), v in zip(cases, check_solutions(dataset, jobs, find_zero=find_zero)):
+            verdicts[name] = (v["base"], v["plus"])
+    return verdicts
+
+
+def test_every_verdict_equals_evalplus_own_evaluation(release):
+    """As released (0.3.1), completion by completion: right, base-only, wrong types, set-compared, regex,
+    stubbed, decorated, open(), __main__, numpy, timeout, crashes, special oracles, find_zero."""
+    files, reference = release
+    expected = {name: want for _, name, _, want in COMPLETIONS}
+    assert reference == expected  # what EvalPlus decides, as the cases say (so no rule goes unexercised)
+    assert project_verdicts(files, "released") == reference
+
+
+def test_find_zero_takes_upstreams_fix_by_default(release):
+    """0.3.1 fails every find_zero solution (its canonical one too); with upstream's fix (the default)
+    the right one passes and everything else is unchanged."""
+    files, reference = release
+    assert project_verdicts(files, "fixed") == {**reference, **FIXED}
+    task = load_tasks("humaneval", files["humaneval"])[3]
+    canonical = [(task, task["prompt"] + task["canonical_solution"])]
+    assert check_solutions("humaneval", canonical, find_zero="released") == [{"base": False, "plus": False}]
+    assert check_solutions("humaneval", canonical) == [{"base": True, "plus": True}]
+    with pytest.raises(ValueError, match="find_zero: 'upstream' is not one of"):
+        check_solutions("humaneval", canonical, find_zero="upstream")
+
+
+def test_release_files_load_as_evalplus_loads_them(release):
+    files, _ = release
+    assert [t["task_id"] for t in load_tasks("humaneval", files["humaneval"], limit=2)] == ["HumanEval/0", "HumanEval/1"]
+    mbpp = load_tasks("mbpp", files["mbpp"])
+    assert mbpp[0]["base_input"][0] == [(3, 4, 5, 6), (5, 7, 4, 10)]  # MBPP+ task 2 takes tuples
+
+
+def test_missing_or_bad_data_says_where_to_get_it(tmp_path, monkeypatch):
+    import wget
+    from evalplus.data import humaneval as ep_humaneval
+    from evalplus.data import utils as ep_utils
+
+    def offline(url, out):
+        raise urllib.error.URLError("offline")
+
+    monkeypatch.setattr(ep_utils, "CACHE_DIR", str(tmp_path))  # no cached copy, and this machine is offline
+    monkeypatch.setattr(wget, "download", offline)
+    monkeypatch.setattr(ep_humaneval, "HUMANEVAL_OVERRIDE_PATH", None)
     with pytest.raises(EvalPlusDataError, match=r"download/v0\.1\.10/HumanEvalPlus\.jsonl\.gz.*--evalplus-data"):
         load_tasks("humaneval")
-    with pytest.raises(EvalPlusDataError, match="nope.jsonl"):
+    with pytest.raises(EvalPlusDataError, match="nope.jsonl: no such EvalPlus release file"):
         load_tasks("mbpp", tmp_path / "nope.jsonl")
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"task_id": "HumanEval/0"}) + "\n")
     with pytest.raises(EvalPlusDataError, match="bad.jsonl: line 1: missing"):
         load_tasks("humaneval", bad)
-
-
-def test_sanitize_keeps_what_the_entry_point_needs():
-    raw = ("Here is the code:\n```python\nimport math\n\n@staticmethod\ndef helper(x):\n    return math.floor(x)\n\n"
-           "def unused():\n    return 0\n\ndef f(x):\n    return helper(x) + K\n\nK = 1\nprint(f(2.5))\n\n"
-           "if __name__ == '__main__':\n    f(1)\n```\nThat's all.")
-    out = sanitize(raw, "f")
-    assert out == ("import math\n@staticmethod\ndef helper(x):\n    return math.floor(x)\n"
-                   "def f(x):\n    return helper(x) + K\nK = 1\n")
-
-
-def test_scorer_tells_correct_wrong_and_base_only_apart():
-    tasks = [ADD, MEAN]
-    cases = {  # solution for ADD, solution for MEAN -> expected (base, plus) for each
-        "correct": (ADD["prompt"] + "    return b + a\n", "import math\ndef mean(xs):\n    return math.fsum(xs) / len(xs)\n",
-                    (True, True), (True, True)),
-        "wrong": (ADD["prompt"] + "    return a - b\n", "def mean(xs):\n    return sum(xs) / (len(xs) + 1)\n",
-                  (False, False), (False, False)),
-        # passes the base tests (positive ints; short lists), fails plus (negatives; a 1-element list)
-        "base_only": (ADD["prompt"] + "    return abs(a) + abs(b)\n",
-                      "def mean(xs):\n    return sum(xs) / len(xs) if len(xs) > 1 else 0.0\n",
-                      (True, False), (True, False)),
-    }
-    for name, (add, mean, want_add, want_mean) in cases.items():
-        result = score(tasks, {"HumanEval/0": add, "HumanEval/1": mean})
-        got = [(result.passed[t]["base"], result.passed[t]["plus"]) for t in ("HumanEval/0", "HumanEval/1")]
-        assert got == [want_add, want_mean], name
-    m = score(tasks, {"HumanEval/0": cases["base_only"][0], "HumanEval/1": cases["correct"][1]}).metrics()
-    assert m == {"humaneval/pass@1": 1.0, "humaneval+/pass@1": 0.5}
-
-
-def test_per_input_time_limit_and_mbpp_inputs(tmp_path):
-    slow = ADD["prompt"] + "    import time\n    if a < 0:\n        time.sleep(3)\n    return a + b\n"
-    assert check_solution(ADD, slow, min_time_limit=0.5) == {"base": True, "plus": False}
-    task = load_tasks("mbpp", write_release(tmp_path / "MbppPlus.jsonl", [SIMILAR]))[0]
-    needs_tuples = "def similar_elements(a, b):\n    assert type(a) is tuple\n    return tuple(set(a) & set(b))\n"
-    assert check_solution(task, needs_tuples) == {"base": True, "plus": True}
-    assert check_solution(task, "def similar_elements(a, b):\n    return a\n") == {"base": False, "plus": False}
+    bad.write_text("{not json\n")
+    with pytest.raises(EvalPlusDataError, match="bad.jsonl: line 1: not JSON"):
+        load_tasks("humaneval", bad)
 
 
 class Scripted:
