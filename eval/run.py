@@ -4,7 +4,8 @@
         [--core BUNDLE --max-per-task N [--core-tasks a,b]]
         [--lm-eval TASKS.json|yaml --limit N]
         [--humaneval --limit N --samples K --temperature T --max-new-tokens M]
-        [--evalplus humaneval,mbpp [--evalplus-data FOLDER | FILE,FILE] [--chat] [--limit N]]
+        [--evalplus humaneval,mbpp [--evalplus-data FOLDER | FILE,FILE] [--chat] [--limit N]
+         [--evalplus-find-zero fixed|released]]
         [--tokenizer PATH] [--out results.json]
 
 At least one of --core, --lm-eval, --humaneval, --evalplus. The tokenizer is
@@ -125,6 +126,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--evalplus-data", metavar="FOLDER|FILE,FILE", help="a folder holding HumanEvalPlus.jsonl(.gz) "
                    "and MbppPlus.jsonl(.gz), or one release file per --evalplus dataset, in order")
     p.add_argument("--chat", action="store_true", help="EvalPlus instruct prompts through the chat template")
+    p.add_argument("--evalplus-find-zero", choices=("fixed", "released"), default="fixed",
+                   help="HumanEval/32: upstream's fix (default) or evalplus 0.3.1 as released, which fails every "
+                        "find_zero solution")
     p.add_argument("--limit", type=int, default=None, help="documents per lm-eval task / HumanEval problems")
     p.add_argument("--samples", type=int, default=1, help="HumanEval samples per problem")
     p.add_argument("--temperature", type=float, default=0.0, help="HumanEval sampling temperature (0: greedy)")
@@ -157,7 +161,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         core_tasks=args.core_tasks.split(",") if args.core_tasks else None,
         lm_eval_tasks=args.lm_eval, limit=args.limit,
         humaneval=args.humaneval, humaneval_limit=args.limit, samples=args.samples,
-        evalplus=args.evalplus, evalplus_tasks=evalplus_tasks, chat=args.chat,
+        evalplus=args.evalplus, evalplus_tasks=evalplus_tasks, evalplus_find_zero=args.evalplus_find_zero,
+        chat=args.chat,
         chat_template=checkpoint_template(args.checkpoint) if args.chat else None,  # a run's: the one it tuned with
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, log=log,
     )

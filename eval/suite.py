@@ -48,10 +48,11 @@ def run_evals(model_fn, tokenizer, *, max_seq_len: int, device: torch.device | s
               temperature: float = 0.0, max_new_tokens: int | None = None, log: Callable[[str], None] | None = None,
               evalplus: str | Sequence[str] | None = None, evalplus_data: str | Path | None = None,
               evalplus_limit: int | None = None, evalplus_tasks: Sequence[list[dict]] | None = None,
-              chat: bool = False, chat_template: str | None = None) -> Report:
+              evalplus_find_zero: str = "fixed", chat: bool = False, chat_template: str | None = None) -> Report:
     """Run the requested evaluations: CORE (``core_bundle``), lm-eval tasks, HumanEval,
     EvalPlus (``evalplus``: "humaneval", "mbpp" or a list of both, read from ``evalplus_data``
-    (one dataset) or given as ``evalplus_tasks`` (one task list per dataset, already loaded);
+    (one dataset) or given as ``evalplus_tasks`` (one task list per dataset, already loaded),
+    ``evalplus_find_zero`` "fixed" or "released" (eval.evalplus);
     ``chat``: its instruct prompts, through ``chat_template``, a data.chat spec, unless the
     tokenizer is an export's with its own). ``max_new_tokens`` None: each benchmark's own limit
     (HumanEval 512, EvalPlus 768, as their harnesses generate)."""
@@ -84,7 +85,7 @@ def run_evals(model_fn, tokenizer, *, max_seq_len: int, device: torch.device | s
             evaluate_evalplus(model_fn, tokenizer, d, max_seq_len=max_seq_len, device=device,
                               tasks=evalplus_tasks[i] if evalplus_tasks is not None else None,
                               data_path=evalplus_data, limit=evalplus_limit, chat=chat,
-                              chat_template=chat_template, **length)
+                              chat_template=chat_template, find_zero=evalplus_find_zero, **length)
             for i, d in enumerate(datasets)]
     return report
 
