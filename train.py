@@ -6,7 +6,7 @@ resumes from the latest complete checkpoint in the run dir. With no
 
     python train.py --recipe X --print-config   # the resolved recipe
     python train.py --recipe X --dry-run        # model on meta: size, steps, FLOPs, wall time, data
-    python train.py --recipe X --plan [--gpus N --gpu h100 --sweep --ops --json]   # memory per GPU, rooflines
+    python train.py --recipe X --plan [--gpus N --gpu h100 --sweep --ops --json --plot FILE]   # memory per GPU, rooflines
 
 Before anything is written, every check runs (``train.build.preflight``): the
 recipe's types and values, ``[model]`` overrides against the model, the
@@ -59,6 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ops", action="store_true", help="plan: also one layer's per-op roofline, lanes vs dense")
     p.add_argument("--compiled", action="store_true", help="plan --ops: also the compiled estimate's per-kernel table, lanes vs dense")
     p.add_argument("--json", action="store_true", help="plan: print the numbers as one JSON object")
+    p.add_argument("--plot", type=Path, metavar="FILE", help="plan: also draw the memory per GPU as a stacked bar "
+                   "(parameters, gradients, optimizer, activations, temporaries against the GPU's memory), a PNG")
     p.add_argument("--gpus", type=int, default=192, help="dry run and plan: GPUs for the estimates")
     p.add_argument("--mfu", type=float, default=0.40, help="dry run: assumed model FLOPs utilization")
     p.add_argument("--peak-tflops", type=float, default=GPUS["h100"].tflops["bfloat16"],
@@ -84,6 +86,12 @@ def main(argv=None) -> int:
             p = make_plan(recipe, gpus=args.gpus, gpu=args.gpu, with_sweep=args.sweep, with_ops=args.ops,
                           with_kernels=args.compiled)
             print(json.dumps(p.to_json(), indent=1) if args.json else "\n".join(p.lines()))
+            if args.plot:
+                from train.report.memory import plot_memory
+
+                plot_memory(p.memory, args.plot, title=f"{recipe.model.flavor} on {args.gpus} x {p.gpu.label}, "
+                            f"micro batch {p.shape.micro_batch}, AC {p.shape.ac}")
+                print(f"memory plot: {args.plot}", file=sys.stderr)
             return Exit.DONE
         checked = preflight(recipe, int(os.environ.get("WORLD_SIZE", 1)))
         problems = checked.problems

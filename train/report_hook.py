@@ -4,8 +4,9 @@ Rank 0 runs ``python -m train.report RUN`` in a child process, so drawing never
 holds up a step (the final one is waited for, so the end-of-run summary can
 point at it); a refresh still running when the next is due is not doubled. A
 report that fails is logged with its output (``report/refresh.log``) and training
-goes on. The hook also logs the launch number (``launch``) at the first step
-of each process, so the report marks restarts of runs started without a launcher.
+goes on. At the first step of each process the hook also logs the launch number
+(``launch``), so the report marks restarts of runs started without a launcher,
+and the model's parameter count, so the report needs no torch.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torchtitan.tools.logging import logger
 
 from train.hooks import Hook
 from train.report import PAGE, REPORT_DIR
-from train.report.runs import LAUNCH_METRIC
+from train.report.runs import LAUNCH_METRIC, PARAMETERS_METRIC
 
 if TYPE_CHECKING:
     from train.trainer import LaneformerTrainer
@@ -49,7 +50,9 @@ class ReportHook(Hook, Configurable):
         if not self.logged_launch:
             self.logged_launch = True
             launches = sum(1 for p in (run / rundir.LAUNCHES_DIR).glob("[0-9]*") if p.is_dir())
-            trainer.metrics_processor.logger.log({LAUNCH_METRIC: max(launches, 1)}, trainer.step)
+            parameters = sum(p.numel() for part in trainer.model_parts for p in part.parameters())  # DTensor: global
+            trainer.metrics_processor.logger.log({LAUNCH_METRIC: max(launches, 1), PARAMETERS_METRIC: parameters},
+                                                 trainer.step)
         c, step = self.config, trainer.step
         if c.every and step % c.every == 0 and step != trainer.config.training.steps and _rank0():
             self._refresh(run, wait=False)

@@ -19,7 +19,7 @@ import pytest
 
 from launch.attempts import begin, end, exit_file
 from rundir import METRICS_FILE, REPO
-from tests.helpers import losses
+from tests.helpers import SHORT, losses, train
 from train import recipe as R
 from train.hooks import MetricsJsonl
 from train.report import ReportError, write_report
@@ -101,6 +101,30 @@ def test_the_run_writes_its_report_and_the_figures_hold_its_numbers(reference, t
     commit = next((run / "launches").glob("*/git-commit")).read_text().strip()[:12]
     assert f"<th>commit</th><td>{commit}" in page.read_text()
     assert "step 20 of 20" in page.read_text()
+
+
+@pytest.mark.slow
+def test_a_resume_on_one_rank_is_marked_and_keeps_one_token_axis(reference, tmp_path_factory, tmp_path):
+    """The 2-rank reference run, resumed by plain torchrun on one rank from its step-16 checkpoint:
+    the run's own report marks the restart where it resumed, and replayed steps show their
+    latest values on the same token axis."""
+    run = tmp_path / "run"
+    shutil.copytree(reference_run(tmp_path_factory), run)
+    shutil.rmtree(run / "checkpoints" / "step-20")
+    (run / "report" / "report.html").unlink()
+    result = train("tiny.toml", f"run.output_dir={run}", *SHORT, nproc=1)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Training starts at step 17" in result.stdout
+    page = run / "report" / "report.html"
+    assert result.stdout.rstrip().endswith(f"report: {page}")
+
+    data = data_of(page)
+    tokens_per_step = R.load(str(run / "recipe.toml")).tokens_per_step
+    assert data["throughput"]["restarts"] == [{"run": "tiny", "step": 16, "tokens": 16 * tokens_per_step,
+                                               "cause": "restart"}]
+    loss = data["loss"]["loss"]
+    assert dict(zip(loss["steps"], loss["values"])) == losses(run)
+    assert loss["tokens"] == [s * tokens_per_step for s in range(1, 21)]
 
 
 @pytest.mark.slow

@@ -136,7 +136,6 @@ def grad_norm(runs: list[Run], out: Path) -> Figure:
     d.figure.data["skipped"] = skips
     d.figure.note = "a skip is marked at the logging step where the skip count rose"
     d.axis_labels(ax, "grad norm")
-    ax.set_yscale("log")
     return d.save(out)
 
 

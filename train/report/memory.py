@@ -38,7 +38,7 @@ def plot_memory(memory, path: Path, title: str = "") -> Figure:
     from train.plan import FIT_FRACTION
 
     parts = plan_parts(memory)
-    fig = Figure(figsize=(5, 5), layout="constrained")
+    fig = Figure(figsize=(7, 5), layout="constrained")
     ax = fig.add_subplot()
     bottom = 0.0
     for i, (name, gib) in enumerate(parts.items()):
@@ -52,7 +52,7 @@ def plot_memory(memory, path: Path, title: str = "") -> Figure:
     ax.set_xlim(-1, 1)
     ax.set_ylabel("GiB per GPU")
     ax.set_ylim(0, max(total, memory.peak / GIB) * 1.08)
-    ax.legend(fontsize=8, loc="upper right")
+    fig.legend(fontsize=8, loc="outside right upper")
     ax.set_title(title or "memory per GPU at the peak of one training step", fontsize=9)
     fig.savefig(path, dpi=90)
     return fig

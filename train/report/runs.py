@@ -21,6 +21,7 @@ from pathlib import Path
 import rundir
 
 LAUNCH_METRIC = "launch"  # logged by train.report_hook at a process's first step: the launch number
+PARAMETERS_METRIC = "parameters"  # ... and the model's parameter count
 
 
 class ReportError(ValueError):
@@ -112,6 +113,10 @@ def read_run(path: Path) -> Run:
         recipe = tomllib.loads(recipe_file.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ReportError(f"{recipe_file}: not valid TOML: {e}") from None
+    for table, key in (("training", "global_batch"), ("training", "seq_len"), ("training", "steps"),
+                       ("data", "sources")):
+        if key not in recipe.get(table, {}):
+            raise ReportError(f"{recipe_file}: [{table}] {key}: missing (not a recipe train.py resolved)")
     try:
         rows: dict[int, dict] = {}
         for row in rundir.read_metrics(path):
@@ -131,23 +136,24 @@ def read_run(path: Path) -> Run:
 
 
 def restarts(attempts: list[dict], rows: dict[int, dict]) -> list[Restart]:
-    """Every start after the first: from the launchers' records when there are any (with why the
-    previous start ended), else from the launch number the report hook logs at each first step."""
-    found, cause = [], None
-    starts = 0
+    """Every start after the first. Where it is: the launch number the report hook logs at each
+    process's first step (every launcher, plain torchrun too), else the launchers' start records;
+    why: the launchers' record of how the start before it ended (preempted, crash), if any."""
+    recorded, cause, starts = [], None, 0
     for event in attempts:
         if event.get("event") == "end":
             cause = event.get("cause")
         elif event.get("event") == "start":
             starts += 1
             if starts > 1:
-                found.append(Restart(event["step"], cause if cause in ("preempted", "crash") else "restart",
-                                     event.get("time")))
+                recorded.append(Restart(event["step"], cause if cause in ("preempted", "crash") else "restart",
+                                        event.get("time")))
             cause = None
-    if starts:
-        return found
-    return [Restart(step - 1, "restart") for step, r in sorted(rows.items())
-            if r.get(LAUNCH_METRIC, 1) > 1]
+    logged = [step - 1 for step, r in sorted(rows.items()) if r.get(LAUNCH_METRIC, 1) > 1]
+    if not logged:
+        return recorded
+    why = {r.step: r for r in recorded}
+    return [why.get(step, Restart(step, "restart")) for step in logged]
 
 
 def continue_runs(runs: list[Run]) -> None:
@@ -195,7 +201,7 @@ def header(run: Run) -> Header:
     return Header([
         ("recipe", f"{run.name} ({source})" if source else run.name),
         ("commit", commit),
-        ("parameters", parameters(path)),
+        ("parameters", parameters(run)),
         ("tokens seen", f"{_human(seen)} of {_human(total)} planned ({seen / total:.1%}); step {step:,} of "
                         f"{planned:,}" if total else "unknown"),
         ("wall time", wall_time(path, launches)),
@@ -209,8 +215,12 @@ def header(run: Run) -> Header:
     ])
 
 
-def parameters(path: Path) -> str:
-    """The model's parameter count, from laneformer_config.json on the meta device."""
+def parameters(run: Run) -> str:
+    """The model's parameter count: as the run logged it, else (a run from before the report
+    hook) from laneformer_config.json on the meta device."""
+    if logged := run.series(PARAMETERS_METRIC)[1]:
+        return f"{int(logged[-1]):,}"
+    path = run.path
     try:
         import torch
 
@@ -229,7 +239,7 @@ def wall_time(path: Path, launches: list[Path]) -> str:
     if not launches or not (launches[0] / "started").exists() or not metrics.exists():
         return "unknown"
     start = datetime.fromisoformat((launches[0] / "started").read_text().strip())
-    return _duration(metrics.stat().st_mtime - start.timestamp())
+    return _duration(metrics.stat().st_mtime - start.timestamp()) + " (the first launch to the last metric)"
 
 
 def _mtime(path: Path) -> str:
