@@ -40,7 +40,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import rundir
-from rundir import LAUNCHER_DIR, latest_complete_step
+from rundir import exit_file, latest_complete_step, launcher_dir
 from train.exits import Exit
 from train.storage import NoSpace, free_bytes, is_out_of_space
 
@@ -51,17 +51,8 @@ _TORCHRUN_FAILURE = re.compile(r"failed \(exitcode: -(\d+)\) local_rank: (\d+)")
 _NODE_LOG = re.compile(r"node(\d+)-(.+)\.log")  # launch/sbatch.py: --output=node%t-%N.log
 
 
-def launcher_dir(run: Path) -> Path:
-    return Path(run) / LAUNCHER_DIR
-
-
 def logs_dir(run: Path) -> Path:
     return launcher_dir(run) / "logs"
-
-
-def exit_file(run: Path) -> Path:
-    """Where train.py writes why it stopped (the launchers set ``$LANEFORMER_EXIT_FILE`` to it)."""
-    return launcher_dir(run) / "exit.json"
 
 
 def checkpoint_step(run: Path) -> int:

@@ -19,9 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launch.attempts import begin, end, exit_file
+from launch.attempts import begin, end
 from launch.sbatch import SIGNALS_TO_HANDLE
-from rundir import REPO
+from rundir import REPO, exit_file
 from train import recipe as R
 from train.exits import EXIT_FILE_ENV, Exit
 from train.storage import NoSpace

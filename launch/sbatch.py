@@ -26,8 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launch.attempts import exit_file, launcher_dir
-from rundir import REPO
+from rundir import REPO, exit_file, launcher_dir
 from train.exits import EXIT_FILE_ENV
 
 SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"

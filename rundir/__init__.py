@@ -104,6 +104,34 @@ def read_metrics(run: Path) -> list[dict]:
     return read_jsonl(Path(run) / METRICS_FILE)
 
 
+def last_logged(run: Path, key: str) -> tuple[int, float] | None:
+    """(step, value) of the last ``key`` in a run's metrics.jsonl, or None."""
+    rows = [row for row in read_metrics(run) if key in row]
+    return (rows[-1]["step"], rows[-1][key]) if rows else None
+
+
+def eval_file(run: Path, step: int) -> Path:
+    """Where the in-loop eval of ``step`` is written."""
+    return Path(run) / EVALS_DIR / f"step-{step}.json"
+
+
+def latest_evals(run: Path) -> dict[str, float] | None:
+    """The metrics of the run's latest in-loop eval, or None before the first."""
+    reports = [(n, p) for p in (Path(run) / EVALS_DIR).glob("step-*.json") if (n := step_number(p.with_suffix("")))
+               is not None]
+    return json.loads(max(reports)[1].read_text())["metrics"] if reports else None
+
+
+def launcher_dir(run: Path) -> Path:
+    """What the launchers keep: attempts.jsonl, exit.json, logs/, the frozen recipe."""
+    return Path(run) / LAUNCHER_DIR
+
+
+def exit_file(run: Path) -> Path:
+    """Where train.py writes why it stopped (the launchers set ``$LANEFORMER_EXIT_FILE`` to it)."""
+    return launcher_dir(run) / "exit.json"
+
+
 def model_config_file(path: Path) -> Path:
     """``laneformer_config.json`` in ``path`` if it is a folder, else ``path`` itself."""
     path = Path(path)

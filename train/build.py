@@ -301,8 +301,8 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
         comm=CommConfig(),
         debug=DebugConfig(seed=recipe.run.seed, deterministic=recipe.run.deterministic),
         hooks=[EvalHook.Config(**dataclasses.asdict(recipe.eval), chat_template=recipe.data.chat_template),
-               *export_hooks(recipe), ReportHook.Config(every=recipe.eval.every),  # after the eval and export
-               PreemptionHook.Config()],  # last: an eval due at the preempted step runs first
+               *export_hooks(recipe), ReportHook.Config(every=recipe.eval.every),
+               PreemptionHook.Config()],  # called in their priority order (train.hooks)
         skip_spikes=t.skip_spikes,
         spike_sigmas=t.spike_sigmas,
         spike_window=t.spike_window,

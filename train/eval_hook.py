@@ -26,7 +26,9 @@ import torch.nn.functional as F
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
+import rundir
 from data.mixture import IGNORE_INDEX, Mixture, SourceSpec
+from train.hooks import Hook
 
 if TYPE_CHECKING:
     from train.trainer import LaneformerTrainer
@@ -43,7 +45,7 @@ def token_bytes(sp) -> np.ndarray:
     return sizes
 
 
-class EvalHook(Configurable):
+class EvalHook(Hook, Configurable):
     @dataclass(kw_only=True, slots=True)
     class Config(Configurable.Config):
         every: int = 0  # steps; 0: only at the end
@@ -89,7 +91,7 @@ class EvalHook(Configurable):
         trainer.metrics_processor.logger.log(results, step)
         if dist.get_rank() == 0:
             logger.info(f"eval at step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in results.items()))
-            out = Path(trainer.config.dump_folder) / "evals" / f"step-{step}.json"
+            out = rundir.eval_file(trainer.config.dump_folder, step)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps({"step": step, "metrics": results, "errors": errors}, indent=2) + "\n")
 

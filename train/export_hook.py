@@ -13,7 +13,6 @@ exits ``Exit.EXPORT_FAILED`` (not requeued: training is complete).
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,22 +24,19 @@ import torch.distributed as dist
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
+from rundir import latest_evals
 from train.exits import Exit, StopRun
+from train.hooks import Hook
 
 if TYPE_CHECKING:
     from train.trainer import LaneformerTrainer
-
-
-def latest_evals(run_dir: Path) -> dict[str, float] | None:
-    reports = sorted((run_dir / "evals").glob("step-*.json"), key=lambda p: int(p.stem.split("-")[1]))
-    return json.loads(reports[-1].read_text())["metrics"] if reports else None
 
 
 class ExportFailed(StopRun):
     code = Exit.EXPORT_FAILED
 
 
-class ExportHook(Configurable):
+class ExportHook(Hook, Configurable):
     @dataclass(kw_only=True, slots=True)
     class Config(Configurable.Config):
         out_dir: str

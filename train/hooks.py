@@ -1,5 +1,12 @@
-"""Side effects of training, hung off the trainer: each is a small object called after a step
-(``after_step``) and, optionally, once after the final checkpoint is saved (``after_train``).
+"""Side effects of training, hung off the trainer at named points of its loop, in an explicit order.
+
+A ``Hook`` overrides the points it needs; ``LaneformerTrainer`` calls every hook at
+every point, higher ``priority`` first (OLMo-core's callback rule):
+
+- ``after_step(trainer)``: after step N *and* torchtitan's checkpoint save of
+  step N (when one was due), so whatever a hook does at step N (an eval, a
+  preemption exit) happens with step N safe on disk;
+- ``after_train(trainer)``: once, after the loop, with the final checkpoint on disk.
 
 ``MetricsJsonl`` is a torchtitan metric logger (beside tensorboard and wandb)
 that appends every logged metric dict to ``<run>/metrics.jsonl``, flushed per
@@ -11,9 +18,8 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from rundir import read_metrics
 from torchtitan.components.metrics import BaseLogger
 from torchtitan.tools.logging import logger
 
@@ -21,14 +27,21 @@ if TYPE_CHECKING:
     from train.trainer import LaneformerTrainer
 
 
-class Hook(Protocol):
-    """Has ``after_step(trainer)``, ``after_train(trainer)`` or both."""
+class Hook:
+    """Base of every hook: each point is a no-op until overridden."""
+
+    priority: ClassVar[int] = 0  # higher runs first at every point; ties keep the recipe's order
+
+    def after_step(self, trainer: LaneformerTrainer) -> None:
+        """After the step and its checkpoint save (if one was due)."""
+
+    def after_train(self, trainer: LaneformerTrainer) -> None:
+        """Once, after the loop's final checkpoint save."""
 
 
-def last_logged(run: Path, key: str) -> tuple[int, float] | None:
-    """(step, value) of the last ``key`` in a run's metrics.jsonl, or None."""
-    rows = [row for row in read_metrics(run) if key in row]
-    return (rows[-1]["step"], rows[-1][key]) if rows else None
+def in_order(hooks: list[Hook]) -> list[Hook]:
+    """``hooks`` in calling order: higher priority first, stable among equals."""
+    return sorted(hooks, key=lambda h: -h.priority)
 
 
 class MetricsJsonl(BaseLogger):
@@ -45,8 +58,10 @@ class MetricsJsonl(BaseLogger):
         self.file.close()
 
 
-class LogSourceTokens:
+class LogSourceTokens(Hook):
     """At log steps: tokens consumed per mixture source, to stdout and the metric loggers."""
+
+    priority = 100  # with the step's own metrics, before any eval of the step
 
     def after_step(self, trainer: LaneformerTrainer) -> None:
         if not trainer.metrics_processor.should_log(trainer.step):

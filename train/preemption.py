@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,7 +26,9 @@ import torch.distributed as dist
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
+import rundir
 from train.exits import Exit
+from train.hooks import Hook
 
 if TYPE_CHECKING:
     from train.trainer import LaneformerTrainer
@@ -59,7 +62,8 @@ def catch_signals() -> None:
         signal.siginterrupt(sig, False)
 
 
-class PreemptionHook(Configurable):
+class PreemptionHook(Hook, Configurable):
+    priority = -100  # last: an eval due at the preempted step runs first
     @dataclass(kw_only=True, slots=True)
     class Config(Configurable.Config):
         pass
@@ -80,8 +84,11 @@ class PreemptionHook(Configurable):
     def after_step(self, trainer: LaneformerTrainer) -> None:
         if not self._anyone_requested() or trainer.step >= trainer.config.training.steps:
             return  # on the last step the loop's own final save follows
-        logger.warning(f"preemption requested: saving a checkpoint at step {trainer.step} and exiting")
-        # last_step=True is torchtitan's forced save: any interval, full state (the
-        # recipe never saves model-only), synchronous after waiting for an async save.
-        trainer.checkpointer.save(trainer.step, last_step=True)
+        if rundir.is_complete(Path(trainer.checkpointer.folder) / f"step-{trainer.step}"):
+            logger.warning(f"preemption requested: step {trainer.step} is checkpointed; exiting")
+        else:
+            logger.warning(f"preemption requested: saving a checkpoint at step {trainer.step} and exiting")
+            # last_step=True is torchtitan's forced save: any interval, full state (the recipe
+            # never saves model-only), synchronous after waiting for an async save in flight.
+            trainer.checkpointer.save(trainer.step, last_step=True)
         raise Preempted(trainer.step)

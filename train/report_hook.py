@@ -35,6 +35,8 @@ LOG = "refresh.log"
 
 
 class ReportHook(Hook, Configurable):
+    priority = -10  # after the step's eval (and, at the end, the export) it draws
+
     @dataclass(kw_only=True, slots=True)
     class Config(Configurable.Config):
         every: int = 0  # steps between in-loop evals ([eval] every); 0: only at the end

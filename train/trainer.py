@@ -9,9 +9,9 @@
   steps only. Too many consecutive skips stop the run (``SkippedOut``).
 - Permanent milestone checkpoints survive ``keep_last`` purging; a latest
   checkpoint that fails to load is moved aside and the previous one is used.
-- Side effects of training (skip log, per-source token counts, eval,
-  preemption) are small hooks called after each step; the end-of-run export
-  is an ``after_train`` hook, called once the final checkpoint is on disk.
+- Side effects of training (per-source token counts, eval, report,
+  preemption, the end-of-run export) are ``train.hooks.Hook``s, called in
+  priority order after each step's checkpoint save and once after training.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch.distributed as dist
 import tyro
 from torch.distributed.checkpoint.api import CheckpointException
 
-from rundir import METRICS_FILE, is_complete, latest_complete_checkpoint, step_number
+from rundir import METRICS_FILE, is_complete, last_logged, latest_complete_checkpoint, step_number
 from torchtitan.components.checkpointer import CheckpointManager
 from torchtitan.components.checkpointer.base import LR_SCHEDULER, MODEL
 from torchtitan.components.metrics import LoggerContainer
@@ -42,7 +42,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from train.guard import StepGuard
-from train.hooks import Hook, LogSourceTokens, MetricsJsonl, last_logged
+from train.hooks import Hook, LogSourceTokens, MetricsJsonl, in_order
 from train.exits import Exit, StopRun
 from train.recipe import Recipe
 from train.storage import NoSpace, checkpoint_bytes, free_bytes, is_out_of_space
@@ -206,8 +206,7 @@ class SkippedOut(StopRun):
 class LaneformerTrainer(Trainer):
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):
-        # Configurable configs whose objects have after_step (and maybe after_train);
-        # set from the recipe, not the CLI.
+        # Configs of train.hooks.Hook objects; set from the recipe, not the CLI.
         hooks: Annotated[list, tyro.conf.Suppress] = field(default_factory=list)
         skip_spikes: bool = True
         spike_sigmas: float = 6.0
@@ -217,7 +216,8 @@ class LaneformerTrainer(Trainer):
     def __init__(self, config: Config):
         super().__init__(config)
         self.guard = StepGuard(config.spike_sigmas, config.spike_window, config.skip_spikes, self.device)
-        self.hooks: list[Hook] = [LogSourceTokens(), *(h.build() for h in config.hooks)]
+        self.hooks: list[Hook] = in_order([LogSourceTokens(), *(h.build() for h in config.hooks)])
+        self._stepped = False  # a step ran whose hooks have not: see should_continue_training
         if dist.get_rank() == 0:
             if not isinstance(self.metrics_processor.logger, LoggerContainer):  # no tensorboard, no wandb
                 self.metrics_processor.logger = LoggerContainer()
@@ -254,9 +254,16 @@ class LaneformerTrainer(Trainer):
                 raise
         if self.metrics_processor.should_log(self.step):
             self._log_progress()
-        for hook in self.hooks:
-            if hasattr(hook, "after_step"):
+        self._stepped = True
+
+    def should_continue_training(self) -> bool:
+        """torchtitan's loop asks this before every step, that is after the previous step's
+        checkpoint save: the hooks' ``after_step`` runs here, with that step safe on disk."""
+        if self._stepped:
+            self._stepped = False
+            for hook in self.hooks:
                 hook.after_step(self)
+        return super().should_continue_training()
 
     def _log_progress(self) -> None:
         """At logging steps: skips since the last log, progress and ETA; stop a runaway skip streak."""
@@ -285,8 +292,7 @@ class LaneformerTrainer(Trainer):
         """torchtitan's loop (its final save included), then the hooks' ``after_train``."""
         super().train()
         for hook in self.hooks:
-            if hasattr(hook, "after_train"):
-                hook.after_train(self)
+            hook.after_train(self)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "guard": self.guard.state_dict()}
@@ -327,7 +333,7 @@ def _duration(seconds: float) -> str:
 
 def run_summary(recipe: Recipe, recipe_arg: str, sets: list[str]) -> str:
     """What train.py prints at the end (``make train``): where the run is, how it ended, what next."""
-    from train.export_hook import latest_evals
+    from rundir import latest_evals
 
     run = Path(recipe.output_dir)
     out = Path(recipe.checkpoint.export_dir or run / "hf")

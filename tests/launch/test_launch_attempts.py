@@ -143,7 +143,7 @@ def test_begin_clears_the_previous_exit_note(tmp_path, monkeypatch):
 class FakeTrainer:
     """The slice of LaneformerTrainer the hook uses; saves are recorded."""
 
-    def __init__(self, steps=10, on_save=None):
+    def __init__(self, steps=10, on_save=None, folder="/nonexistent"):
         self.step, self.device, self.saves = 0, torch.device("cpu"), []
         self.config = SimpleNamespace(training=SimpleNamespace(steps=steps))
 
@@ -152,7 +152,7 @@ class FakeTrainer:
             if on_save:
                 on_save()
 
-        self.checkpointer = SimpleNamespace(save=save)
+        self.checkpointer = SimpleNamespace(save=save, folder=folder)
 
 
 @pytest.fixture
@@ -196,4 +196,14 @@ def test_a_signal_at_the_last_step_lets_the_run_finish(hook):
     trainer.step = 10
     sigusr1()
     hook.after_step(trainer)  # the loop's final save follows; nothing to requeue
+    assert trainer.saves == []
+
+
+def test_a_step_the_loop_already_checkpointed_is_not_saved_again(hook, tmp_path):
+    checkpoint(tmp_path, 4)  # the loop's interval save of step 4 ran before the hooks
+    trainer = FakeTrainer(folder=str(tmp_path / "checkpoints"))
+    trainer.step = 4
+    sigusr1()
+    with pytest.raises(Preempted):
+        hook.after_step(trainer)
     assert trainer.saves == []

@@ -12,6 +12,7 @@ import sys
 import torch
 
 import rundir
+from models.laneformer.state_dict_adapter import hf_to_native_name
 from train.exits import EXIT_FILE_ENV, Exit
 from tests.helpers import REPO, env, free_port, losses, metrics
 
@@ -82,8 +83,10 @@ def test_a_failed_export_keeps_the_final_checkpoint_exits_3_and_says_how_to_retr
     exported = {}
     for f in (run / "hf").glob("*.safetensors"):
         exported.update(load_file(f))
-    final = weights(rundir.step_dir(run, 3))
-    assert len(exported) == len(final)
+    final = weights(rundir.step_dir(run, 3))  # fp32; the export is the recipe's bf16
+    assert sorted(map(hf_to_native_name, exported)) == sorted(final)
+    for name, tensor in exported.items():
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, final[hf_to_native_name(name)].bfloat16()), name
     assert "tokens seen: 1,536" in (run / "hf" / "README.md").read_text()  # 3 steps x 8 x 64
 
 
@@ -127,10 +130,29 @@ def truncate(step_dir):
         os.truncate(f, f.stat().st_size // 2)
 
 
+# Each eval hook call records whether its step's checkpoint was complete at that moment.
+RECORD_EVALS = """
+import json, rundir
+from train.eval_hook import EvalHook
+def after_step(self, trainer, _orig=EvalHook.after_step):
+    done = rundir.is_complete(rundir.step_dir(trainer.config.dump_folder, trainer.step))
+    with open({log!r}, "a") as f:
+        f.write(json.dumps([trainer.step, done]) + "\\n")
+    _orig(self, trainer)
+EvalHook.after_step = after_step
+"""
+
+
 def test_a_damaged_latest_checkpoint_is_moved_aside_and_the_run_replays_from_the_previous(tmp_path):
-    run = tmp_path / "run"
+    run, log = tmp_path / "run", tmp_path / "evals.jsonl"
     common = ("checkpoint.interval=2",)
-    assert train_rank0(run, "training.steps=4", *common).returncode == 0
+    first_run = train_rank0(run, "training.steps=4", *common, "eval.every=2", "eval.val_samples=8",
+                            inject=RECORD_EVALS.format(log=str(log)))
+    assert first_run.returncode == 0, first_run.stderr[-3000:]
+    # the hooks run after the step's checkpoint save: an eval at step N sees step N on disk
+    assert [json.loads(line) for line in log.read_text().splitlines()] == [[1, False], [2, True], [3, False],
+                                                                          [4, True]]
+    assert sorted(p.name for p in (run / rundir.EVALS_DIR).iterdir()) == ["step-2.json", "step-4.json"]
     first = losses(run)
     truncate(rundir.step_dir(run, 4))
 
