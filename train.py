@@ -23,6 +23,7 @@ checkpoint in the run dir. 3, 4 and 5 are final: not requeued.
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -37,6 +38,7 @@ catch_signals()  # as early as possible: an uncaught SIGUSR1 kills a rank withou
 
 import torch  # noqa: E402
 
+import rundir  # noqa: E402
 from train import recipe as R  # noqa: E402
 from train.plan.gpus import GPUS  # noqa: E402
 
@@ -66,6 +68,42 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--peak-tflops", type=float, default=GPUS["h100"].tflops["bfloat16"],
                    help="dry run: peak bf16 TFLOP/s per GPU (default: the H100's, train/plan/gpus.py)")
     return p.parse_args(argv)
+
+
+def run_summary(recipe: R.Recipe, recipe_arg: str, sets: list[str]) -> str:
+    """What a finished run prints (``make train``): where the run is, how it ended, what next."""
+    run = Path(recipe.output_dir)
+    out = Path(recipe.checkpoint.export_dir or run / rundir.EXPORT_DIR)
+    loss = rundir.last_logged(run, "loss_metrics/global_avg_loss")
+    val = (rundir.latest_evals(run) or {}).get("eval/val_loss")
+    again = shlex.join(["python", "train.py", "--recipe", recipe_arg, *(f"--set={s}" for s in sets)])
+    e, fetch = recipe.eval, []
+    if e.evalplus:  # an SFT run: Kog's two code benchmarks
+        tasks = ["--evalplus", "humaneval,mbpp", *(["--chat"] if e.evalplus_chat else [])]
+    else:
+        tasks = ["--core", e.core_bundle or "core_bundle", "--max-per-task", "100"]
+        if not e.core_bundle:
+            fetch = ["  (get the CORE bundle once: python -m eval.core_data fetch core_bundle)"]
+    return "\n".join([
+        f"run dir: {run}",
+        f"final loss: {loss[1]:.4f} at step {loss[0]}" if loss else "final loss: not logged",
+        *([f"validation loss: {val:.4f}"] if val is not None else []),
+        "next:",
+        f"  export:   written to {out}" if recipe.checkpoint.export_hf else
+        f"  export:   python -m models.laneformer.convert to-hf {shlex.quote(str(run))} {shlex.quote(str(out))}",
+        f"  evaluate: {shlex.join(['python', '-m', 'eval.run', '--checkpoint', str(out), *tasks])}",
+        *fetch,
+        f"  resume (after a stop) or train longer: {again} [--set training.steps=N]",
+        report_line(run),
+    ])
+
+
+def report_line(run: Path) -> str:
+    """Where the run's report is (train.report_hook writes it at the end), or why it is not."""
+    from train.report import PAGE, report_dir
+
+    page = report_dir(run) / PAGE
+    return f"report: {page}" if page.exists() else f"report: not written (see {report_dir(run) / 'refresh.log'})"
 
 
 def main(argv=None) -> int:
@@ -117,7 +155,7 @@ def main(argv=None) -> int:
     from torchtitan.tools.logging import init_logger
 
     from train.build import trainer_config, wandb_env
-    from train.run_dir import record_launch
+    from train.snapshot import record_launch
 
     init_logger()
     for name, value in wandb_env(recipe).items():
@@ -143,8 +181,6 @@ def main(argv=None) -> int:
             torch.distributed.destroy_process_group()
     note_exit(Exit.DONE, step=trainer.step)
     if int(os.environ.get("RANK", 0)) == 0:
-        from train.trainer import run_summary
-
         print(run_summary(recipe, args.recipe, args.set))
     return Exit.DONE
 

@@ -107,7 +107,7 @@ def submit(args) -> int:
               f"`python -m launch.slurm cancel {run}` first", file=sys.stderr)
         return 1
 
-    from train.run_dir import record_launch
+    from train.snapshot import record_launch
 
     launch = record_launch(recipe, config)
     (launcher_dir(run) / "logs").mkdir(parents=True, exist_ok=True)

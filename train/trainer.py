@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import time
 from contextlib import contextmanager
@@ -31,7 +30,7 @@ import torch.distributed as dist
 import tyro
 from torch.distributed.checkpoint.api import CheckpointException
 
-from rundir import METRICS_FILE, is_complete, last_logged, latest_complete_checkpoint, step_number
+from rundir import METRICS_FILE, is_complete, latest_complete_checkpoint, step_number
 from torchtitan.components.checkpointer import CheckpointManager
 from torchtitan.components.checkpointer.base import LR_SCHEDULER, MODEL
 from torchtitan.components.metrics import LoggerContainer
@@ -44,7 +43,6 @@ from torchtitan.trainer import Trainer
 from train.guard import StepGuard
 from train.hooks import Hook, LogSourceTokens, MetricsJsonl, in_order
 from train.exits import Exit, StopRun
-from train.recipe import Recipe
 from train.storage import NoSpace, checkpoint_bytes, free_bytes, is_out_of_space
 
 
@@ -329,41 +327,3 @@ def _human(n: float) -> str:
 def _duration(seconds: float) -> str:
     d = timedelta(seconds=round(seconds))
     return f"{d.days}d {d.seconds // 3600}h {d.seconds // 60 % 60:02d}m" if d.days else str(d)
-
-
-def run_summary(recipe: Recipe, recipe_arg: str, sets: list[str]) -> str:
-    """What train.py prints at the end (``make train``): where the run is, how it ended, what next."""
-    from rundir import latest_evals
-
-    run = Path(recipe.output_dir)
-    out = Path(recipe.checkpoint.export_dir or run / "hf")
-    loss = last_logged(run, "loss_metrics/global_avg_loss")
-    val = (latest_evals(run) or {}).get("eval/val_loss")
-    again = shlex.join(["python", "train.py", "--recipe", recipe_arg, *(f"--set={s}" for s in sets)])
-    e, fetch = recipe.eval, []
-    if e.evalplus:  # an SFT run: Kog's two code benchmarks
-        tasks = ["--evalplus", "humaneval,mbpp", *(["--chat"] if e.evalplus_chat else [])]
-    else:
-        tasks = ["--core", e.core_bundle or "core_bundle", "--max-per-task", "100"]
-        if not e.core_bundle:
-            fetch = ["  (get the CORE bundle once: python -m eval.core_data fetch core_bundle)"]
-    return "\n".join([
-        f"run dir: {run}",
-        f"final loss: {loss[1]:.4f} at step {loss[0]}" if loss else "final loss: not logged",
-        *([f"validation loss: {val:.4f}"] if val is not None else []),
-        "next:",
-        f"  export:   written to {out}" if recipe.checkpoint.export_hf else
-        f"  export:   python -m models.laneformer.convert to-hf {shlex.quote(str(run))} {shlex.quote(str(out))}",
-        f"  evaluate: {shlex.join(['python', '-m', 'eval.run', '--checkpoint', str(out), *tasks])}",
-        *fetch,
-        f"  resume (after a stop) or train longer: {again} [--set training.steps=N]",
-        report_line(run),
-    ])
-
-
-def report_line(run: Path) -> str:
-    """Where the run's report is (train.report_hook writes it at the end), or why it is not."""
-    from train.report import PAGE, report_dir
-
-    page = report_dir(run) / PAGE
-    return f"report: {page}" if page.exists() else f"report: not written (see {report_dir(run) / 'refresh.log'})"

@@ -44,9 +44,9 @@ def copy_run(run: Path, dst: Path) -> Path:
 
 def fake_run(tmp_path: Path, rows: list[dict], steps: int = 10) -> Path:
     """A run dir as train.py leaves it: the resolved recipe, the model config and a launch record
-    (train.run_dir), and ``rows`` logged through the trainer's MetricsJsonl."""
+    (train.snapshot), and ``rows`` logged through the trainer's MetricsJsonl."""
     from train.build import model_config
-    from train.run_dir import record_launch
+    from train.snapshot import record_launch
 
     recipe = R.load("tiny.toml", [f"run.output_dir={tmp_path / 'run'}", f"training.steps={steps}",
                                   "schedule.warmup_steps=2"])

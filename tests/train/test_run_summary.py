@@ -1,16 +1,23 @@
-"""The end-of-run summary (train.trainer.run_summary): its "next" commands do something.
+"""The end-of-run summary (train.py's run_summary): its "next" commands do something.
 
 Each suggested ``eval.run`` command is parsed by eval.run itself: it names a task
 (so it gets past "nothing to evaluate") and then stops at the missing checkpoint.
 """
 
+import importlib.util
 import shlex
 
 import pytest
 
 from eval.run import main as eval_main
+from rundir import REPO
 from train import recipe as R
-from train.trainer import run_summary
+
+# train.py is a script beside the train/ package: load it under another name.
+_spec = importlib.util.spec_from_file_location("train_entry", REPO / "train.py")
+train_entry = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(train_entry)
+run_summary = train_entry.run_summary
 
 
 def next_commands(summary: str) -> dict[str, str]:
