@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from matplotlib.figure import Figure as MplFigure
-from matplotlib.ticker import EngFormatter
+from matplotlib.ticker import EngFormatter, FuncFormatter
 
 from train.report.runs import Run
 
 CAUSE_COLORS = {"preempted": "tab:orange", "crash": "tab:red", "restart": "tab:gray"}
-SMOOTHING = 0.9  # exponential moving average weight, debiased (as TensorBoard's slider)
+SMOOTHING = 0.9  # the most weight of the debiased exponential moving average (TensorBoard's slider)
 EVALPLUS_KEYS = ("humaneval/pass@1", "humaneval+/pass@1", "mbpp/pass@1", "mbpp+/pass@1")
 PLAN_FILE = "plan.json"  # in a run dir: python -m train.report RUN --plan-gpu KIND writes it
 
@@ -32,7 +32,12 @@ class Figure:
     note: str = ""  # why it is missing, or what it leaves out
 
 
-def smooth(values: list[float], weight: float = SMOOTHING) -> list[float]:
+def smoothing(n: int) -> float:
+    """An EMA weight that spans about 5% of ``n`` logged points, between 0.6 and ``SMOOTHING``."""
+    return min(SMOOTHING, max(0.6, 1 - 20 / n)) if n else 0.0
+
+
+def smooth(values: list[float], weight: float) -> list[float]:
     out, ema, norm = [], 0.0, 0.0
     for v in values:
         if v != v:  # a skipped step's NaN does not poison the average
@@ -107,15 +112,18 @@ def loss(runs: list[Run], out: Path) -> Figure:
     for run in runs:
         steps, values = run.series("loss_metrics/global_avg_loss")
         d.line(ax, run, steps, values, "loss", alpha=0.35, linewidth=0.8)
-        d.line(ax, run, steps, smooth(values), f"loss (smoothed {SMOOTHING})", linewidth=1.6)
+        weight = smoothing(len(values))
+        d.line(ax, run, steps, smooth(values, weight), f"loss, smoothed (EMA {weight:.2f})", linewidth=1.6)
         lr_key = next(iter(run.keys("lr/")), None)
         if lr_key:
             d.line(lr_ax, run, *run.series(lr_key), "learning rate", linestyle="--", linewidth=1, alpha=0.7)
     lr_ax.set_ylabel("learning rate")
-    lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+    lr_ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.2g}"))
     d.axis_labels(ax, "loss (nats/token)")
     lines = ax.get_legend_handles_labels()[0] + lr_ax.get_legend_handles_labels()[0]
-    ax.legend(lines, [line.get_label() for line in lines], fontsize=7)
+    d.mpl.legend(lines, [line.get_label() for line in lines], fontsize=7, loc="outside lower center",
+                 ncols=min(len(lines), 4))
+    d.legends = False
     return d.save(out)
 
 
