@@ -210,6 +210,7 @@ class LaneformerTrainer(Trainer):
         spike_sigmas: float = 6.0
         spike_window: int = 100
         max_consecutive_skips: int = 100
+        reduce_grads: str = "every_micro_batch"  # train.recipe.REDUCE_GRADS
 
     def __init__(self, config: Config):
         super().__init__(config)
@@ -221,6 +222,7 @@ class LaneformerTrainer(Trainer):
                 self.metrics_processor.logger = LoggerContainer()
             self.metrics_processor.logger.add_logger(MetricsJsonl(Path(config.dump_folder) / METRICS_FILE))
         self._step_loss = torch.zeros((), device=self.device)
+        self._micro_batch = 0  # of the step in progress (train_step resets it)
         assert isinstance(self.optimizers, GuardedOptimizers), "use GuardedOptimizers.Config"
         self._skipped_logged = 0
         self._last_log: tuple[int, float] | None = None  # (step, time) at the last logging step
@@ -230,6 +232,8 @@ class LaneformerTrainer(Trainer):
             self.metrics_processor.has_quantization = True
 
     def forward_backward_step(self, **kwargs) -> torch.Tensor:
+        self._reduce_grads_now(last=self._micro_batch == self.gradient_accumulation_steps - 1)
+        self._micro_batch += 1
         loss = super().forward_backward_step(**kwargs)
         self._step_loss += loss.detach()
         return loss
@@ -242,7 +246,20 @@ class LaneformerTrainer(Trainer):
             loss = dist_utils.dist_sum_tensor(loss, self.parallel_dims.get_mesh("batch"))
         self.optimizers.skip = self.guard.check(loss, grad_norm)
 
+    def _reduce_grads_now(self, last: bool) -> None:
+        """``reduce_grads``: FSDP2's own switches defer gradient reduction to the step's last micro batch
+        (torchtitan reduces after every one): all of it, or only the all-reduce across HSDP replicas."""
+        mode = self.config.reduce_grads
+        if mode == "every_micro_batch":
+            return
+        for model in self.model_parts:
+            if mode == "last_micro_batch":
+                model.set_requires_gradient_sync(last)
+            else:
+                model.set_requires_all_reduce(last)
+
     def train_step(self, data_iterator):
+        self._micro_batch = 0
         try:
             with grad_norm_to(self._decide):
                 super().train_step(data_iterator)

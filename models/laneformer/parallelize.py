@@ -1,9 +1,15 @@
-"""Activation checkpointing, then torch.compile per block, then FSDP2 per block.
+"""Activation checkpointing, then torch.compile per block, then FSDP2 (or HSDP) per block.
 
 Reuses torchtitan's AC and compile unchanged. Laneformer needs no tensor or
 pipeline parallelism (its lanes are the tensor axis, kept inside one replica
 for training), so it runs on torchtitan's ``partial_dtensor`` backend, which
 shards with plain FSDP2 and needs no per-parameter sharding declarations.
+
+With ``parallelism.data_parallel_replicate_degree`` > 1 the mesh is torchtitan's
+2-D ``(dp_replicate, fsdp)``: FSDP2 shards inside each ``fsdp`` group (a node, for
+HSDP) and all-reduces gradients across replicas; ``fsdp_reshard_after_forward``
+is torchtitan's policy. When gradients are reduced during accumulation is the
+trainer's switch (``LaneformerTrainer._reduce_grads_now``).
 
 FSDP follows torchtitan's ``apply_fsdp_to_decoder`` for a dense decoder
 (embeddings, blocks, norm + head together, then the root; gradient division
@@ -15,6 +21,7 @@ are then sharded on dim 1, as torchtitan shards MoE expert weights once the
 FSDP degree exceeds the number of experts.
 """
 
+from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard
 
@@ -69,17 +76,27 @@ def lane_placement(n_lanes: int, shard_degree: int):
     return lambda param: Shard(1) if param.ndim == 3 else None
 
 
+def fsdp_units(model: Laneformer, reshard_policy: str) -> list[tuple[str, list[nn.Module], bool]]:
+    """The groups of modules FSDP2 shards as one unit (one all-gather, one reduce-scatter), in forward
+    order, with whether each is resharded after forward (and gathered again for backward). The
+    communication plan (train/plan/comm.py) counts its collectives from the same list."""
+    after = get_fsdp_reshard_after_forward_policy(reshard_policy, pp_enabled=False)
+    return [
+        ("tok_embeddings", [model.tok_embeddings], after),
+        *((f"layers.{name}", [block], after) for name, block in model.layers.items()),
+        # The head is needed right after the last block: resharded after forward only under "always" (as torchtitan).
+        ("norm+lm_head", [model.norm, model.lm_head], reshard_policy == "always"),
+    ]
+
+
 def apply_fsdp(model: Laneformer, mesh, mp_policy: MixedPrecisionPolicy, reshard_policy: str,
                *, shard_degree: int, cpu_offload: bool = False) -> None:
     config = {"mesh": mesh, "mp_policy": mp_policy}
     if cpu_offload:
         config["offload_policy"] = CPUOffloadPolicy()
-    reshard_after_forward = get_fsdp_reshard_after_forward_policy(reshard_policy, pp_enabled=False)
-    fully_shard(model.tok_embeddings, **config, reshard_after_forward=reshard_after_forward)
-    placement = lane_placement(model.config.n_lanes, shard_degree)
-    for block in model.layers.values():
-        fully_shard(block, **config, reshard_after_forward=reshard_after_forward, shard_placement_fn=placement)
-    # The head is needed right after the last block: resharded after forward only under "always" (as torchtitan).
-    fully_shard([model.norm, model.lm_head], **config, reshard_after_forward=reshard_policy == "always")
+    placement = lane_placement(model.config.n_lanes, shard_degree)  # None for parameters that are not lane weights
+    for _, modules, reshard_after_forward in fsdp_units(model, reshard_policy):
+        fully_shard(modules if len(modules) > 1 else modules[0], **config,
+                    reshard_after_forward=reshard_after_forward, shard_placement_fn=placement)
     fully_shard(model, **config)
     disable_fsdp_gradient_division(model)
