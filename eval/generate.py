@@ -13,18 +13,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from models.laneformer.tokenizer import continuation_text
+
 from .core import pad_rows
-
-
-def continuation_text(tokenizer, prompt: list[int], new: list[int]) -> str:
-    """The text ``new`` adds after ``prompt``.
-
-    Decoded in context, because SentencePiece drops the leading space of a
-    piece decoded on its own ("▁return" -> "return").
-    """
-    head = tokenizer.decode(prompt)
-    full = tokenizer.decode(prompt + new)
-    return full[len(head):] if full.startswith(head) else tokenizer.decode(new)
 
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:

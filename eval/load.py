@@ -9,14 +9,9 @@
   ``AutoModelForCausalLM`` (remote code) and ``AutoTokenizer``, as a Hub user
   would, and wrapped to the same interface.
 
-The tokenizer (``checkpoint_tokenizer``, also models.laneformer.generate's):
-``--tokenizer`` if given, else the checkpoint's own: an HF folder's files, or
-for a DCP checkpoint what ``convert to-hf`` would ship with it
-(``convert.resolve_tokenizer``: the files an import left beside the weights,
-else the run's ``recipe.toml`` ``[data] tokenizer``, fingerprint-checked).
-Never a default: scoring a model with another tokenizer than its own gives
-numbers that look plausible and mean nothing, so a checkpoint whose tokenizer
-cannot be found is refused.
+The tokenizer is the checkpoint's own, never a default
+(``models.laneformer.tokenizer.checkpoint_tokenizer``, shared with the
+decoder's CLI).
 """
 
 from __future__ import annotations
@@ -28,10 +23,7 @@ from pathlib import Path
 import torch
 
 from models.laneformer.generate import is_hf_folder
-
-# A model's embedding table may be padded past its tokenizer's ids (to a multiple of 64 or 128 x the TP
-# degree: a few hundred ids at most); more unused ids than this means another tokenizer.
-MAX_VOCAB_PADDING = 1024
+from models.laneformer.tokenizer import checkpoint_tokenizer
 
 
 @dataclasses.dataclass
@@ -42,71 +34,6 @@ class Loaded:
     device: torch.device
     source: str
     notes: list[str] = dataclasses.field(default_factory=list)  # where the tokenizer came from
-
-
-class HFTokenizer:
-    """A transformers tokenizer behind the project tokenizer's interface."""
-
-    def __init__(self, tokenizer):
-        self.hf = tokenizer
-        self.bos_id, self.eos_id = tokenizer.bos_token_id, tokenizer.eos_token_id
-        self.vocab_size = len(tokenizer)
-
-    def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
-        # split_special_tokens: literal "</s>" stays text, as in SentencePiece (exports with a chat
-        # template turn it off so the template can write control tokens; see data.chat)
-        ids = self.hf(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-        return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
-
-    def decode(self, ids: list[int]) -> str:
-        return self.hf.decode(ids, skip_special_tokens=True)
-
-
-def open_tokenizer(path: str | Path):
-    """A tokenizer.model (or a folder holding one): the project's SentencePiece reference; else a
-    folder of Hugging Face tokenizer files (an import of a release that ships only tokenizer.json)."""
-    from data.tokenizer import Tokenizer
-
-    path = Path(path)
-    if path.is_dir() and not (path / "tokenizer.model").is_file() and (path / "tokenizer_config.json").is_file():
-        from transformers import AutoTokenizer
-
-        return HFTokenizer(AutoTokenizer.from_pretrained(str(path)))
-    return Tokenizer(path)
-
-
-def checkpoint_tokenizer(path: str | Path, tokenizer_path: str | Path | None,
-                         vocab_size: int) -> tuple[object, list[str]]:
-    """(the tokenizer to use with the checkpoint at ``path``, notes on where it came from).
-
-    ``tokenizer_path`` if given, else an HF folder's own, else a DCP checkpoint's
-    (``convert.resolve_tokenizer``). Raises FileNotFoundError when none can be
-    found and ValueError when its ids cannot be the model's (``vocab_size``).
-    """
-    from models.laneformer.convert import resolve_tokenizer
-    from models.laneformer.hf.checkpoint_io import step_dir
-
-    path = Path(path)
-    if tokenizer_path is not None:
-        found, notes = Path(tokenizer_path), [f"tokenizer {tokenizer_path} (from --tokenizer)"]
-    elif is_hf_folder(path):
-        found, notes = path, []  # an HF export: its own files, as a Hub user loads them
-    else:
-        step = step_dir(path)
-        try:
-            found, notes = resolve_tokenizer(step)
-        except (FileNotFoundError, ValueError) as e:
-            raise type(e)(f"{path}: cannot tell which tokenizer this checkpoint was trained with, and will not "
-                          f"guess: {e}") from None
-    tokenizer = open_tokenizer(found)
-    n = tokenizer.vocab_size
-    if not vocab_size - MAX_VOCAB_PADDING < n <= vocab_size:
-        why = ("ids the model has no embedding for" if n > vocab_size else
-               f"{vocab_size - n} ids it would never use, more than a padded vocabulary leaves "
-               f"(< {MAX_VOCAB_PADDING})")
-        raise ValueError(f"{path}: the model has {vocab_size} ids, tokenizer {found} {n}: {why}; "
-                         "so it is not this model's tokenizer (pass the right one with --tokenizer)")
-    return tokenizer, notes
 
 
 def load_hf(folder: Path, device: torch.device, tokenizer_path: str | Path | None = None) -> Loaded:

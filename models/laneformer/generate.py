@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> list[int]:
         config = read_config(path, args.flavor, parse_overrides(args.set))
         lanes = lane_range(config.n_lanes, rank, world)
         # eval.run's rule: the checkpoint's own tokenizer, never a default
-        from eval.load import checkpoint_tokenizer
+        from .tokenizer import checkpoint_tokenizer, continuation_text
 
         tokenizer, notes = checkpoint_tokenizer(path, args.tokenizer, config.vocab_size)
         for note in notes if rank == 0 else ():
@@ -452,8 +452,6 @@ def main(argv: list[str] | None = None) -> list[int]:
             lines = timing_lines("one process, every lane" if group is None else f"{world} ranks",
                                  gather((out, out), group))
         if rank == 0:
-            from eval.generate import continuation_text
-
             print(continuation_text(tokenizer, prompt, out.ids))
             print("ids: " + " ".join(map(str, out.ids)))
             if device.type == "cpu" and group is not None:
