@@ -47,8 +47,7 @@ from pathlib import Path
 
 import torch
 
-from . import dist
-from .generate import generate
+from .generate import code_benchmark
 from .sandbox import run_program
 
 EVALPLUS_VERSION = "0.3.1"
@@ -267,35 +266,26 @@ class EvalPlusResult:
                 f"{self.dataset}+/pass@1": sum(p["plus"] for p in self.passed.values()) / n}
 
 
-def score(tasks: list[dict], solutions: dict[str, str], dataset: str = "humaneval", chat: bool = False,
-          **check) -> EvalPlusResult:
-    """Score ready-made solutions (complete programs, sanitized here by EvalPlus) against their tasks."""
-    clean = {t["task_id"]: sanitize(solutions[t["task_id"]], entrypoint=t["entry_point"]) for t in tasks}
-    passed = check_solutions(dataset, [(t, clean[t["task_id"]]) for t in tasks], **check)
-    return EvalPlusResult(dataset, chat, {t["task_id"]: p for t, p in zip(tasks, passed)}, clean)
-
-
 def evaluate_evalplus(model_fn, tokenizer, dataset: str, *, max_seq_len: int, device: torch.device | str = "cpu",
                       tasks: list[dict] | None = None, data_path: str | Path | None = None,
                       limit: int | None = None, chat: bool = False, chat_template: str | None = None,
                       max_new_tokens: int = MAX_NEW_TOKENS, **check) -> EvalPlusResult:
     """Greedy pass@1 of ``model_fn`` on base and plus tests. Every rank must call this."""
     tasks = tasks if tasks is not None else load_tasks(dataset, data_path, limit)
-    mine = list(range(dist.rank(), len(tasks), dist.world_size()))
-    solutions = {}
-    with dist.Lockstep(model_fn, device, tokenizer.bos_id) as forward:
-        for i in mine:
-            task = tasks[i]
-            ids = chat_prompt_ids(task, tokenizer, chat_template) if chat else \
-                tokenizer.encode(base_prompt(task), bos=True)
-            out = generate(forward, tokenizer, [ids], max_new_tokens=max_new_tokens, stop=stops(dataset, chat),
-                           max_seq_len=max_seq_len)[0].replace("\t", "    ")  # as its providers do
-            solutions[task["task_id"]] = out if chat else base_prompt(task) + out
-    # Each rank runs the sandboxes for its own tasks only, then the verdicts are gathered.
-    mine_scored = score([tasks[i] for i in mine], solutions, dataset, chat, **check)
-    passed, clean = {}, {}
-    for part_passed, part_clean in dist.all_gather_objects((mine_scored.passed, mine_scored.solutions)):
-        passed.update(part_passed)
-        clean.update(part_clean)
-    order = [t["task_id"] for t in tasks]
-    return EvalPlusResult(dataset, chat, {k: passed[k] for k in order}, {k: clean[k] for k in order})
+
+    def prompt(task: dict) -> list[int]:
+        return chat_prompt_ids(task, tokenizer, chat_template) if chat else tokenizer.encode(base_prompt(task), bos=True)
+
+    def solution(task: dict, answer: str) -> str:  # as its codegen: the answer, or the prompt and its completion
+        answer = answer.replace("\t", "    ")  # as its providers do
+        return sanitize(answer if chat else base_prompt(task) + answer, entrypoint=task["entry_point"])
+
+    def verdicts(answers: dict[int, list[str]]) -> dict[int, tuple[str, dict]]:
+        clean = {i: solution(tasks[i], texts[0]) for i, texts in answers.items()}
+        passed = check_solutions(dataset, [(tasks[i], clean[i]) for i in clean], **check)
+        return {i: (clean[i], p) for i, p in zip(clean, passed)}
+
+    results = code_benchmark(model_fn, tokenizer, tasks, prompt=prompt, score=verdicts, device=device,
+                             max_new_tokens=max_new_tokens, stop=stops(dataset, chat), max_seq_len=max_seq_len)
+    return EvalPlusResult(dataset, chat, {t["task_id"]: p for t, (_, (_, p)) in zip(tasks, results)},
+                          {t["task_id"]: clean for t, (_, (clean, _)) in zip(tasks, results)})

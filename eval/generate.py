@@ -5,16 +5,22 @@ sequences, cropped from the left to ``max_seq_len``. Rows stop at EOS, at a
 stop string, or after ``max_new_tokens``; finished rows leave the batch.
 The caller passes ``forward`` (an ``eval.dist.Lockstep``), so under FSDP a
 rank whose rows finish early keeps stepping with the others.
+
+``code_benchmark`` is the loop HumanEval and EvalPlus share: shard the
+problems over ranks, generate in lock step, score the rank's own share (its
+sandboxes), gather everything in problem order on every rank.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from models.laneformer.tokenizer import continuation_text
 
+from . import dist
 from .core import pad_rows
 
 
@@ -59,3 +65,28 @@ def generate(forward: Callable[[torch.Tensor], torch.Tensor], tokenizer, prompts
                 still.append(i)
         active = still
     return texts
+
+
+def code_benchmark(model_fn, tokenizer, problems: Sequence, *, prompt: Callable[[Any], list[int]],
+                   score: Callable[[dict[int, list[str]]], dict[int, Any]], device: torch.device | str = "cpu",
+                   samples: int = 1, batch_size: int = 16, seed: int = 0, **generation) -> list[tuple[list[str], Any]]:
+    """(completions, verdict) of every problem, in order, on every rank. Every rank must call this.
+
+    Rank r takes problems r, r + W, ...: ``samples`` completions of ``prompt(problem)`` each
+    (``generate``'s keyword arguments; sampling seeded per problem, so any world size draws the
+    same), then ``score({index: completions})`` of its own share gives each one's verdict.
+    """
+    mine = list(range(dist.rank(), len(problems), dist.world_size()))
+    completions: dict[int, list[str]] = {}
+    with dist.Lockstep(model_fn, device, tokenizer.bos_id) as forward:
+        for i in mine:
+            generator = torch.Generator(device=device).manual_seed(seed + i)
+            ids = prompt(problems[i])
+            completions[i] = []
+            for b in range(0, samples, batch_size):
+                completions[i] += generate(forward, tokenizer, [ids] * min(batch_size, samples - b),
+                                           generator=generator, **generation)
+    verdicts = score(completions)
+    gathered = {i: v for part in dist.all_gather_objects({i: (completions[i], verdicts[i]) for i in mine})
+                for i, v in part.items()}
+    return [gathered[i] for i in range(len(problems))]

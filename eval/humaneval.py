@@ -23,8 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from . import dist
-from .generate import generate
+from .generate import code_benchmark
 from .sandbox import run_program
 
 STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")  # Codex paper; what evalplus and bigcode use too
@@ -72,28 +71,22 @@ def evaluate_humaneval(model_fn, tokenizer, *, max_seq_len: int, device: torch.d
     problems = problems if problems is not None else load_problems(limit)
     if temperature <= 0:
         samples = 1
-    mine = list(range(dist.rank(), len(problems), dist.world_size()))
-    completions: dict[int, list[str]] = {}
-    with dist.Lockstep(model_fn, device, tokenizer.bos_id) as forward:
-        for i in mine:
-            generator = torch.Generator(device=device).manual_seed(seed + i)
-            prompt = tokenizer.encode(problems[i]["prompt"], bos=True)
-            completions[i] = []
-            for b in range(0, samples, batch_size):
-                completions[i] += generate(
-                    forward, tokenizer, [prompt] * min(batch_size, samples - b), max_new_tokens=max_new_tokens,
-                    stop=STOP, max_seq_len=max_seq_len, temperature=temperature, top_p=top_p, generator=generator,
-                )
-    jobs = [(i, check_program(problems[i], c)) for i in mine for c in completions[i]]
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        outcomes = list(pool.map(lambda job: run_program(job[1], timeout_s=timeout_s, memory_mb=memory_mb), jobs))
-    passed = dict.fromkeys(mine, 0)
-    for (i, _), outcome in zip(jobs, outcomes):
-        passed[i] += outcome.passed
-    gathered = {i: v for part in dist.all_gather_objects({i: (completions[i], passed[i]) for i in mine})
-                for i, v in part.items()}
-    counts = {p["task_id"]: (samples, gathered[i][1]) for i, p in enumerate(problems)}
-    texts = {p["task_id"]: gathered[i][0] for i, p in enumerate(problems)}
+
+    def passes(completions: dict[int, list[str]]) -> dict[int, int]:
+        jobs = [(i, check_program(problems[i], c)) for i, texts in completions.items() for c in texts]
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            outcomes = pool.map(lambda job: run_program(job[1], timeout_s=timeout_s, memory_mb=memory_mb), jobs)
+            passed = dict.fromkeys(completions, 0)
+            for (i, _), outcome in zip(jobs, outcomes):
+                passed[i] += outcome.passed
+        return passed
+
+    results = code_benchmark(model_fn, tokenizer, problems, prompt=lambda p: tokenizer.encode(p["prompt"], bos=True),
+                             score=passes, device=device, samples=samples, batch_size=batch_size, seed=seed,
+                             max_new_tokens=max_new_tokens, stop=STOP, max_seq_len=max_seq_len,
+                             temperature=temperature, top_p=top_p)
+    counts = {p["task_id"]: (samples, passed) for p, (_, passed) in zip(problems, results)}
+    texts = {p["task_id"]: completions for p, (completions, _) in zip(problems, results)}
     pass_at = {
         k: sum(pass_at_k(n, c, k) for n, c in counts.values()) / len(counts)
         for k in sorted(set(ks) | {1}) if k <= samples
