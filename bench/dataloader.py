@@ -15,6 +15,15 @@ sample). Token files were just written or are small, so reads come from the
 page cache.
 
     .venv/bin/python -m bench.dataloader [--synthetic-tokens 32000000] [--batches 50]
+
+``--index-memory N`` instead measures what the mixture's per-source index costs each
+rank on one node, for one source of N documents (10^8 in bench/README.md), with 1 and
+4 ranks reading it at once: the index memory-mapped from the files data.index builds
+once (today's loader) against each rank holding its own copy of the same arrays (the
+loader before). Each rank touches all of it (lengths and two epochs' permutations, as
+a long run does) and reports its proportional set size (PSS: shared pages divided
+among the processes that map them) and RSS, above what it held before opening the
+source.
 """
 
 from __future__ import annotations
@@ -94,12 +103,95 @@ def loader_tokens_per_s(sources: list[SourceSpec], seq_len: int, batches: int) -
         return n / (time.perf_counter() - t0), first
 
 
+def write_many_documents(directory: Path, n_docs: int, seed: int = 0) -> None:
+    """One shard of ``n_docs`` framed documents of 2-7 tokens (sizes the index, not the tokens)."""
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(2, 8, size=n_docs, dtype=np.int64)
+    ends = np.cumsum(lens)
+    tokens = np.full(int(ends[-1]), 5, dtype=np.uint16)
+    tokens[ends - lens] = 1
+    tokens[ends - 1] = 2
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "00000_unshuffled.ds"
+    tokens.tofile(path)
+    ends.astype("<u8").tofile(f"{path}.index")
+    Path(f"{path}.metadata").write_text(f"synthetic|2\n{len(tokens)}\n{len(tokens)}")
+    tokenizer = {"path": "synthetic", "fingerprint": "synthetic", "vocab_size": 32000, "bos_id": 1, "eos_id": 2}
+    write_manifest(directory, tokenizer, {"kind": "synthetic", "documents": n_docs})
+
+
+def _memory() -> tuple[int, int]:
+    """(PSS, RSS) of this process in bytes, from /proc/self/smaps_rollup."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/smaps_rollup").read_text().splitlines()[1:])
+    return int(fields["Pss"].split()[0]) * 1024, int(fields["Rss"].split()[0]) * 1024
+
+
+def _index_rank(directory: str, copy: bool, barrier, results, rank: int) -> None:
+    """One rank: open the source, touch its whole index (own copy or the shared maps), measure."""
+    before = _memory()
+    mixture = Mixture([SourceSpec("s", directory, weight=1.0, max_epochs=1e9)], seq_len=4096, seed=1234)
+    stream = mixture.streams[0]
+    arrays = [stream.lens, stream.starts_ckpt, *stream.epoch(0), *stream.epoch(1)]
+    if copy:  # the loader before: every rank builds and holds the arrays itself
+        arrays = [np.array(a) for a in arrays]
+    touched = sum(int(a[:: max(1, 4096 // a.itemsize)].sum()) for a in arrays)  # every page
+    mixture.batch(np.arange(rank * 8, rank * 8 + 8))
+    barrier.wait()  # all ranks hold it at once, as on a node
+    after = _memory()
+    results[rank] = (after[0] - before[0], after[1] - before[1], touched)
+    barrier.wait()
+
+
+def index_memory(n_docs: int, ranks: tuple[int, ...] = (1, 4)) -> list[dict]:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-index-"))
+    rows = []
+    try:
+        t0 = time.perf_counter()
+        write_many_documents(tmp / "s", n_docs)
+        written = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        p = ctx.Process(target=_index_rank, args=(str(tmp / "s"), False, ctx.Barrier(1), ctx.Manager().dict(), 0))
+        p.start(), p.join()  # builds the index files once
+        built = time.perf_counter() - t0
+        for copy in (True, False):
+            for n in ranks:
+                barrier, results = ctx.Barrier(n), ctx.Manager().dict()
+                procs = [ctx.Process(target=_index_rank, args=(str(tmp / "s"), copy, barrier, results, r))
+                         for r in range(n)]
+                for q in procs:
+                    q.start()
+                for q in procs:
+                    q.join()
+                pss = [results[r][0] for r in range(n)]
+                rows.append({"index": "own copy per rank (before)" if copy else "memory-mapped, shared (now)",
+                             "ranks": n, "PSS/rank MB": f"{max(pss) / 1e6:,.0f}",
+                             "RSS/rank MB": f"{max(results[r][1] for r in range(n)) / 1e6:,.0f}",
+                             "pss": max(pss), "copy": copy})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"mixture index of one source of {n_docs:,} documents (written in {written:.0f} s; index built once "
+          f"in {built:.0f} s): memory per rank above its start, all ranks holding it at once")
+    print(common.table(rows, ["index", "ranks", "PSS/rank MB", "RSS/rank MB"]))
+    for copy in (True, False):
+        one, four = (r["pss"] for r in rows if r["copy"] == copy)
+        print(f"RATIO {'copy' if copy else 'mapped'}: PSS per rank with {ranks[1]} ranks / with 1 rank: "
+              f"{four / one:.2f} (target for the mapped index: <= {1 / ranks[1]:.2f} plus O(1))")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--batches", type=int, default=50)
     p.add_argument("--synthetic-tokens", type=int, default=32_000_000)
+    p.add_argument("--index-memory", type=int, metavar="DOCS",
+                   help="instead: index memory per rank for one source of DOCS documents, 1 and 4 ranks")
     args = p.parse_args(argv)
+    if args.index_memory:
+        return {"index_memory": index_memory(args.index_memory)}
     need = gpu_tokens_per_s()
     sample = REPO / "assets" / "sample_data"
     many = 1e9  # the sample data is tiny: allow re-reading it for as many epochs as it takes

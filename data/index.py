@@ -37,10 +37,14 @@ _VERSION = 1  # bump when the files' meaning changes
 
 
 def ckpt_sums(lens: np.ndarray) -> np.ndarray:
-    """Start offset of every CKPT-th document, plus the total: ``len(lens) // CKPT + 2`` int64."""
+    """Start offset of every CKPT-th document, plus the total: ``ckpt_count(len(lens))`` int64."""
     pad = -len(lens) % CKPT
     blocks = np.concatenate([lens, np.zeros(pad, lens.dtype)]).reshape(-1, CKPT).sum(1, dtype=np.int64)
     return np.concatenate([[0], np.cumsum(blocks)])
+
+
+def ckpt_count(n_docs: int) -> int:
+    return -(-n_docs // CKPT) + 1
 
 
 def _writable(folder: Path) -> bool:
@@ -84,7 +88,7 @@ class SourceIndex:
         self.num_docs = source.num_documents
         self.num_tokens = source.num_tokens
         self.lens = self._mapped("lens.npy", self.num_docs, self._build_lens)
-        self.starts = self._mapped("starts.npy", self.num_docs // CKPT + 2, lambda: ckpt_sums(self.lens))
+        self.starts = self._mapped("starts.npy", ckpt_count(self.num_docs), lambda: ckpt_sums(self.lens))
         if int(self.starts[-1]) != self.num_tokens:
             raise ShardError(f"{self.folder / 'lens.npy'}: document lengths sum to {int(self.starts[-1])}, "
                              f"{source.path / MANIFEST} lists {self.num_tokens} tokens")
@@ -93,7 +97,7 @@ class SourceIndex:
         """(permutation of the documents for epoch e, stream offset of every CKPT-th permuted document)."""
         stem = f"perm-{'-'.join(f'{k:x}' for k in key)}-e{e}"
         perm = self._mapped(f"{stem}.npy", self.num_docs, lambda: self._build_perm(key, e))
-        starts = self._mapped(f"{stem}.starts.npy", self.num_docs // CKPT + 2, lambda: ckpt_sums(self.lens[perm]))
+        starts = self._mapped(f"{stem}.starts.npy", ckpt_count(self.num_docs), lambda: ckpt_sums(self.lens[perm]))
         return perm, starts
 
     def _build_lens(self) -> np.ndarray:

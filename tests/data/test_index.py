@@ -41,7 +41,7 @@ def test_the_index_is_written_once_beside_the_shards_and_mapped(tmp_path):
 
 
 def test_a_read_only_source_uses_the_node_cache_and_gives_the_same_samples(tmp_path, monkeypatch):
-    make_source(tmp_path / "a", (30,), 20, seed=2)
+    make_source(tmp_path / "a", (64,), 20, seed=2)  # a multiple of the index's checkpoint stride
     spec = SourceSpec("a", tmp_path / "a", weight=1.0, max_epochs=1000)
     reference = batches(mixture([spec]), 20)
     beside = tmp_path / "a" / ".index"

@@ -152,3 +152,36 @@ def test_every_source_of_a_recipe_is_verified_with_progress_on_stderr():
                 for p in (REPO / "assets" / "sample_data" / name).glob("*.ds*") if not p.name.endswith(".metadata"))
     assert "verify: 100%" in result.stderr and "verify" not in result.stdout
     assert f"{total / 1e6:.2f}M/{total / 1e6:.2f}M" in result.stderr
+
+
+def test_download_on_slurm_submits_the_same_command_as_a_job(tmp_path):
+    """``--slurm``: one job running this command without --slurm (sbatch here is a stand-in that keeps
+    the script; the download itself is tested above)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\ncat > {tmp_path / "job.sh"}\necho "Submitted batch job 7"\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    recipe = recipe_with(tmp_path, WEB.format(extra=""))
+    got = data_cli("train.data", "download", "--recipe", str(recipe), "--source", "web", "--slurm", "--partition",
+                   "cpu", "--sbatch-arg", "account=lab", env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == "Submitted batch job 7"
+    script = (tmp_path / "job.sh").read_text()
+    assert "#SBATCH --partition=cpu" in script and "#SBATCH --account=lab" in script
+    assert f"-m train.data download --recipe {recipe} --source web --partition cpu" in script
+    assert "--slurm" not in script
+    subprocess.run(["bash", "-n", str(tmp_path / "job.sh")], check=True)
+
+
+def test_the_bundled_identity_conversations_tokenize_cleanly(tmp_path):
+    """sft.toml's `identity` source: a file in the repo, rendered with the chat template, none refused."""
+    block = ('[[data.sources]]\nname = "identity"\ninput = "assets/chat/identity.jsonl"\nchat_key = "messages"\n'
+             f'path = "{tmp_path / "identity"}"\nweight = 1.0\n')
+    got = data_cli("train.data", "tokenize", "--recipe", str(recipe_with(tmp_path, block)), "--source", "identity",
+                   env={})
+    assert got.returncode == 0, got.stderr[-2000:]
+    manifest = load_manifest(tmp_path / "identity")
+    lines = (REPO / "assets" / "chat" / "identity.jsonl").read_text().splitlines()
+    assert manifest["num_documents"] == len(lines) == 20 and manifest["chat"]["rejected"] == {}
+    assert manifest["input"]["kind"] == "jsonl" and manifest["loss_mask"] is True
+    assert all("Laneformer" in json.loads(line)["messages"][-1]["content"] for line in lines)
