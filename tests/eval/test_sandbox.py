@@ -154,3 +154,14 @@ def test_an_escaped_child_dies_with_the_program():
     assert seen  # it did run, with that name
     time.sleep(0.5)
     assert not alive()
+
+
+def test_a_harness_that_guards_itself_forks_with_shared_values(mode):
+    """guard=False is for a trusted harness (EvalPlus's check) that forks the process it guards and
+    runs model code in, reporting through multiprocessing's shared values (on /dev/shm)."""
+    program = ("import multiprocessing, os\n"
+               "def child(v):\n    os.fork = None\n    v.value = 7\n"
+               "v = multiprocessing.Value('i', 0)\np = multiprocessing.Process(target=child, args=(v,))\n"
+               "p.start()\np.join()\nassert v.value == 7 and os.fork is not None\n")
+    result = run_program(program, timeout_s=10, guard=False)
+    assert result.passed, result.stderr_tail
