@@ -12,7 +12,7 @@ import math
 from datetime import datetime, timezone
 
 from train.report.figures import Figure
-from train.report.runs import Header, Run
+from train.report.runs import Run
 
 STYLE = """
 body { font-family: sans-serif; margin: 1.5em; color: #222; max-width: 1100px; }
@@ -25,7 +25,7 @@ img { max-width: 100%; border: 1px solid #eee; }
 """
 
 
-def page(runs: list[Run], headers: list[Header], figures: list[Figure]) -> str:
+def page(runs: list[Run], headers: list[list[tuple[str, str]]], figures: list[Figure]) -> str:
     names = ", ".join(run.name for run in runs)
     parts = [f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{html.escape(names)}</title>",
              f"<style>{STYLE}</style></head><body>", f"<h1>{html.escape(names)}</h1>",
@@ -34,7 +34,7 @@ def page(runs: list[Run], headers: list[Header], figures: list[Figure]) -> str:
     for run, head in zip(runs, headers):
         parts.append(f"<h2>{html.escape(run.name)} <span class='note'>{html.escape(str(run.path))}</span></h2>")
         parts.append("<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
-                                         for k, v in head.rows) + "</table>")
+                                         for k, v in head) + "</table>")
     for f in figures:
         parts.append(f"<section id='{f.name}'><h2>{html.escape(f.title)}</h2>")
         if f.data:

@@ -172,14 +172,8 @@ def continue_runs(runs: list[Run]) -> None:
             run.offset = int(parent.tokens(at))
 
 
-@dataclass
-class Header:
-    """The facts at the top of the report."""
-
-    rows: list[tuple[str, str]]
-
-
-def header(run: Run) -> Header:
+def header(run: Run) -> list[tuple[str, str]]:
+    """The facts at the top of the report, (name, value) in order."""
     path = run.path
     first_line = (path / rundir.RECIPE_FILE).read_text().splitlines()[0]
     source = first_line.removeprefix("# resolved from ").strip() if first_line.startswith("#") else ""
@@ -198,7 +192,7 @@ def header(run: Run) -> Header:
     eta = "finished" if step >= planned else "unknown"
     if step < planned and (eta_s := run.series("progress/eta_s")[1]):
         eta = _duration(eta_s[-1]) + " (at the last logged step)"
-    return Header([
+    return [
         ("recipe", f"{run.name} ({source})" if source else run.name),
         ("commit", commit),
         ("parameters", parameters(run)),
@@ -212,7 +206,7 @@ def header(run: Run) -> Header:
         ("milestone checkpoints", ", ".join(f"step {s:,}" for s in milestones) or "none"),
         ("last export", f"{export} ({_mtime(export / 'config.json')})" if (export / "config.json").exists()
                         else "none"),
-    ])
+    ]
 
 
 def parameters(run: Run) -> str:
