@@ -238,6 +238,33 @@ def test_skips_and_hook_logged_restarts_are_marked(tmp_path):
     assert data["throughput"]["restarts"] == [{"run": "tiny", "step": 3, "tokens": 3 * 2048, "cause": "restart"}]
 
 
+def test_eval_panels_hold_the_evals_files_numbers(tmp_path):
+    """CORE (the average and a panel per task), lm-eval tasks and HumanEval+/MBPP+, from
+    evals/step-N.json as the eval hook writes them, with metric names from eval's own results."""
+    from eval.core import CoreResult, TaskScore
+    from eval.evalplus import EvalPlusResult
+    from eval.lm_harness import flat_metrics
+
+    run = fake_run(tmp_path, step_rows([5, 10]))
+    written = {}
+    for step, acc in ((5, 0.25), (10, 0.5)):
+        core = CoreResult({label: TaskScore(label, acc, 10, {"v1": acc - 0.1, "v2": acc - 0.2})
+                           for label in ("arc_easy", "piqa")}, missing={})
+        lm = flat_metrics({"toy_task": {"acc,none": acc, "acc_stderr,none": 0.1}})
+        code = EvalPlusResult("humaneval", False, {"HumanEval/0": {"base": True, "plus": acc > 0.3}}, {}).metrics()
+        written[step] = {**core.metrics(), **lm, **code}
+        (run / "evals").mkdir(exist_ok=True)
+        (run / "evals" / f"step-{step}.json").write_text(json.dumps({"step": step, "metrics": written[step],
+                                                                      "errors": []}))
+    data = data_of(write_report([run]))
+    for figure, keys in (("core", ["core/partial_CORE_v2", "core/arc_easy/acc", "core/piqa/acc"]),
+                         ("lm_eval", ["lm_eval/toy_task/acc"]), ("code", ["humaneval/pass@1", "humaneval+/pass@1"])):
+        for key in keys:
+            assert data[figure][key] == {"steps": [5, 10], "tokens": [5 * 2048, 10 * 2048],
+                                         "values": [written[5][key], written[10][key]]}, key
+    assert "lm_eval/toy_task/acc_stderr" not in data["lm_eval"] and "mbpp/pass@1" not in data["code"]
+
+
 def test_an_unreadable_run_dir_is_named(tmp_path):
     with pytest.raises(ReportError, match=re.escape(f"{tmp_path / 'recipe.toml'}: not found")):
         write_report([tmp_path])
