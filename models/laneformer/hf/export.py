@@ -79,7 +79,8 @@ def export_hf(
     check_shapes(
         expected_shapes(model_config), {k: v.shape for k, v in state_dict.items()}, dict.fromkeys(state_dict, "state_dict")
     )
-    weights = {native_to_hf_name(k): v.detach().to("cpu", dtype or v.dtype) for k, v in state_dict.items()}
+    weights = {native_to_hf_name(k): v.detach().to("cpu", dtype or v.dtype)
+               for k, v in progress(state_dict.items(), desc="tensors converted", unit="tensor")}
     config = hf_config(model_config)
     config.architectures = ["LaneformerForCausalLM"]
     config.auto_map = {
