@@ -53,5 +53,6 @@ def test_cpu_check_writes_every_field(tmp_path):
     assert big["predicted_peak_gib"] > 0, big.get("planner_output_tail")
     # 4: the lanes/dense ratio.
     assert math.isfinite(report["lanes_vs_dense"]["ratio"]) and report["lanes_vs_dense"]["ratio"] > 0
-    assert result.returncode == (0 if report["ok"] else 1)
-    assert ("PASS" if report["ok"] else "FAIL") in result.stdout.splitlines()[-1]
+    # Every check above holds on CPU (the lanes/dense target is a GPU's), so the verdict is PASS.
+    assert report["ok"] is True and result.returncode == 0, result.stdout[-2000:]
+    assert "PASS" in result.stdout.splitlines()[-1]

@@ -132,7 +132,6 @@ def test_run_cli_on_dcp_and_hf(exported, tmp_path, capsys):
     assert hf_out["metrics"] == pytest.approx({k: v for k, v in out["metrics"].items() if k.startswith("core/")})
 
 
-@needs_bundle
 def test_trainer_entry_point(toy_lm, tmp_path):
     """What a trainer hook calls: flat float metrics for CORE and lm-eval together."""
     from tests.helpers import write_toy_core_bundle

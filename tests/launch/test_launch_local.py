@@ -7,6 +7,7 @@ srun and torchrun) is tests/launch/test_launch_slurm.py's preemption test."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,13 @@ import pytest
 
 from launch.attempts import checkpoint_step, history
 from tests.helpers import (REPO, STEPS, env, kill_tree, local_command, logged_steps, losses, wait_for)
+
+def started_at(log: str) -> list[int]:
+    """The step each start of training began at, as torchtitan logs it after loading a checkpoint
+    (every rank logs it: one entry per start)."""
+    steps = [int(n) for n in re.findall(r"Training starts at step (\d+)", log)]
+    return [n for i, n in enumerate(steps) if i == 0 or n != steps[i - 1]]
+
 
 def rank_pid(root: int, rank: int) -> int | None:
     """The pid of training rank ``rank`` among the descendants of ``root``."""
@@ -67,6 +75,11 @@ def test_preemption_and_a_crash_restart_from_checkpoints_with_the_same_losses(re
     ends = [e for e in history(run) if e["event"] == "end"]
     assert [(e["action"], e["cause"]) for e in ends] == [
         ("restart", "preempted"), ("restart", "crash"), ("done", "finished")], ends
+    # Each restart loaded the checkpoint the launcher recorded: the preemption's, then the newest
+    # one before the kill (a restart from step 1 would end with the same losses too).
+    starts = [e["step"] for e in history(run) if e["event"] == "start"]
+    assert starts[0] == 0 and starts[1] == first and starts[2] > first, starts
+    assert started_at(out) == [step + 1 for step in starts], out[-3000:]
     assert losses(run) == reference
 
 

@@ -28,7 +28,7 @@ from models.laneformer.hf.checkpoint_io import load_dcp, save_dcp
 from models.laneformer.hf.export import export_hf, to_hf
 from models.laneformer.hf.import_hf import import_hf
 from models.laneformer.model import Laneformer
-from tests.helpers import BUNDLE, needs_bundle
+from tests.helpers import write_toy_core_bundle
 
 # SDPA with the BlockMask's own mask_mod: no flex compile on CPU
 CPU_ATTENTION = {"inner_attention": DenseMaskFlexAttention.Config()}
@@ -282,7 +282,6 @@ def write_run(run, config, seed=0, tokenizer=TINY_TOKENIZER, sources=("assets/sa
     return model
 
 
-@needs_bundle
 def test_export_of_a_run_is_self_contained(tmp_path, capsys):
     """No --tokenizer: the run's recipe names it; transformers and eval.run need nothing else."""
     from transformers import AutoTokenizer
@@ -304,7 +303,8 @@ def test_export_of_a_run_is_self_contained(tmp_path, capsys):
     x = torch.tensor([sp.encode(text, bos=True)])
     assert (logits(model, x) - logits(load_hf(tmp_path / "hf"), x)).abs().max().item() <= TOL
 
-    out = eval_main(["--checkpoint", str(tmp_path / "hf"), "--core", str(BUNDLE), "--core-tasks", "copa",
+    core = write_toy_core_bundle(tmp_path / "core")  # eval.run reads the export with nothing else
+    out = eval_main(["--checkpoint", str(tmp_path / "hf"), "--core", str(core), "--core-tasks", "copa",
                      "--max-per-task", "2"])
     assert "core/copa/acc" in out["metrics"]
 
