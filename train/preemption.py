@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,7 +25,6 @@ import torch.distributed as dist
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
-import rundir
 from train.exits import Exit
 from train.hooks import Hook
 
@@ -84,11 +82,13 @@ class PreemptionHook(Hook, Configurable):
     def after_step(self, trainer: LaneformerTrainer) -> None:
         if not self._anyone_requested() or trainer.step >= trainer.config.training.steps:
             return  # on the last step the loop's own final save follows
-        if rundir.is_complete(Path(trainer.checkpointer.folder) / f"step-{trainer.step}"):
+        checkpointer = trainer.checkpointer
+        if checkpointer._should_save(trainer.step):  # the loop saved this step: the same answer on every rank
             logger.warning(f"preemption requested: step {trainer.step} is checkpointed; exiting")
+            checkpointer.maybe_wait_for_saving()  # an async save: until it is on disk
         else:
             logger.warning(f"preemption requested: saving a checkpoint at step {trainer.step} and exiting")
             # last_step=True is torchtitan's forced save: any interval, full state (the recipe
             # never saves model-only), synchronous after waiting for an async save in flight.
-            trainer.checkpointer.save(trainer.step, last_step=True)
+            checkpointer.save(trainer.step, last_step=True)
         raise Preempted(trainer.step)
