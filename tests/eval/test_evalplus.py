@@ -42,11 +42,17 @@ os._exit(0)  # evaluate leaves a non-daemon watchdog thread sleeping for 20 s
 
 
 @pytest.fixture(scope="module")
-def release(tmp_path_factory):
-    """The test dataset's two release files, and EvalPlus's own verdicts on every completion."""
+def files(tmp_path_factory) -> dict:
+    """The test dataset's two release files."""
+    out = tmp_path_factory.mktemp("evalplus_data")
+    return {"humaneval": write_release(out / "HumanEvalPlus.jsonl", HUMANEVAL),
+            "mbpp": write_release(out / "MbppPlus.jsonl", MBPP)}
+
+
+@pytest.fixture(scope="module")
+def reference(files, tmp_path_factory) -> dict[str, tuple[bool, bool]]:
+    """EvalPlus's own (base, plus) verdict on every completion."""
     out = tmp_path_factory.mktemp("evalplus")
-    files = {"humaneval": write_release(out / "HumanEvalPlus.jsonl", HUMANEVAL),
-             "mbpp": write_release(out / "MbppPlus.jsonl", MBPP)}
     for dataset in files:
         prefix = "HumanEval/" if dataset == "humaneval" else "Mbpp/"
         (out / f"{dataset}_raw.jsonl").write_text("".join(
@@ -56,7 +62,7 @@ def release(tmp_path_factory):
     proc = subprocess.run([sys.executable, "-c", REFERENCE, str(out)], env=env, cwd=out, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    reference = {}
+    verdicts = {}
     for dataset in files:
         results = json.loads((out / f"{dataset}_eval_results.json").read_text())["eval"]
         seen: dict[str, int] = {}
@@ -64,9 +70,9 @@ def release(tmp_path_factory):
             if t in results:
                 r = results[t][seen.setdefault(t, 0)]
                 seen[t] += 1
-                reference[name] = (r["base_status"] == "pass", r["base_status"] == r["plus_status"] == "pass")
-    assert len(reference) == len(COMPLETIONS)
-    return files, reference
+                verdicts[name] = (r["base_status"] == "pass", r["base_status"] == r["plus_status"] == "pass")
+    assert len(verdicts) == len(COMPLETIONS)
+    return verdicts
 
 
 def project_verdicts(files, find_zero: str) -> dict[str, tuple[bool, bool]]:
@@ -81,33 +87,39 @@ def project_verdicts(files, find_zero: str) -> dict[str, tuple[bool, bool]]:
     return verdicts
 
 
-def test_every_verdict_equals_evalplus_own_evaluation(release):
+def test_every_verdict_equals_evalplus_own_evaluation(files, reference):
     """As released (0.3.1), completion by completion: right, base-only, wrong types, set-compared, regex,
     stubbed, decorated, open(), __main__, numpy, timeout, crashes, special oracles, find_zero."""
-    files, reference = release
     expected = {name: want for _, name, _, want in COMPLETIONS}
     assert reference == expected  # what EvalPlus decides, as the cases say (so no rule goes unexercised)
     assert project_verdicts(files, "released") == reference
 
 
-def test_find_zero_takes_upstreams_fix_by_default(release):
-    """0.3.1 fails every find_zero solution (its canonical one too); with upstream's fix (the default)
-    the right one passes and everything else is unchanged."""
-    files, reference = release
-    assert project_verdicts(files, "fixed") == {**reference, **FIXED}
+def test_find_zero_takes_upstreams_fix_by_default(files, reference):
+    """0.3.1 fails every find_zero solution, its canonical one too; with upstream's fix (the default)
+    a right one passes and a wrong one still fails (other tasks: the default everywhere else here)."""
     task = load_tasks("humaneval", files["humaneval"])[3]
-    canonical = [(task, task["prompt"] + task["canonical_solution"])]
-    assert check_solutions("humaneval", canonical, find_zero="released") == [{"base": False, "plus": False}]
-    assert check_solutions("humaneval", canonical) == [{"base": True, "plus": True}]
+    cases = [(name, raw) for t, name, raw, _ in COMPLETIONS if t == "HumanEval/32"]
+    jobs = [(task, evalplus.sanitize(raw, entrypoint="find_zero")) for _, raw in cases]
+    jobs.append((task, task["prompt"] + task["canonical_solution"]))
+    fixed = [(v["base"], v["plus"]) for v in check_solutions("humaneval", jobs)]
+    assert dict(zip([name for name, _ in cases], fixed)) == {name: FIXED.get(name, reference[name]) for name, _ in cases}
+    assert fixed[-1] == (True, True)
+    assert check_solutions("humaneval", jobs[-1:], find_zero="released") == [{"base": False, "plus": False}]
     with pytest.raises(ValueError, match="find_zero: 'upstream' is not one of"):
-        check_solutions("humaneval", canonical, find_zero="upstream")
+        check_solutions("humaneval", jobs, find_zero="upstream")
 
 
-def test_release_files_load_as_evalplus_loads_them(release):
-    files, _ = release
+def test_release_files_load_as_evalplus_loads_them(files, monkeypatch):
+    from evalplus.data import mbpp as ep_mbpp
+
     assert [t["task_id"] for t in load_tasks("humaneval", files["humaneval"], limit=2)] == ["HumanEval/0", "HumanEval/1"]
     mbpp = load_tasks("mbpp", files["mbpp"])
     assert mbpp[0]["base_input"][0] == [(3, 4, 5, 6), (5, 7, 4, 10)]  # MBPP+ task 2 takes tuples
+    assert ep_mbpp.MBPP_OVERRIDE_PATH == os.environ.get("MBPP_OVERRIDE_PATH")  # pointed at the file for the call only
+    # With no file given, EvalPlus's own override (MBPP_OVERRIDE_PATH, read when it is imported) wins.
+    monkeypatch.setattr(ep_mbpp, "MBPP_OVERRIDE_PATH", str(files["mbpp"]))
+    assert load_tasks("mbpp") == mbpp
 
 
 def test_missing_or_bad_data_says_where_to_get_it(tmp_path, monkeypatch):
