@@ -152,24 +152,27 @@ def index_memory(n_docs: int, ranks: tuple[int, ...] = (1, 4)) -> list[dict]:
         t0 = time.perf_counter()
         write_many_documents(tmp / "s", n_docs)
         written = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        p = ctx.Process(target=_index_rank, args=(str(tmp / "s"), False, ctx.Barrier(1), ctx.Manager().dict(), 0))
-        p.start(), p.join()  # builds the index files once
-        built = time.perf_counter() - t0
-        for copy in (True, False):
-            for n in ranks:
-                barrier, results = ctx.Barrier(n), ctx.Manager().dict()
-                procs = [ctx.Process(target=_index_rank, args=(str(tmp / "s"), copy, barrier, results, r))
-                         for r in range(n)]
-                for q in procs:
-                    q.start()
-                for q in procs:
-                    q.join()
-                pss = [results[r][0] for r in range(n)]
-                rows.append({"index": "own copy per rank (before)" if copy else "memory-mapped, shared (now)",
-                             "ranks": n, "PSS/rank MB": f"{max(pss) / 1e6:,.0f}",
-                             "RSS/rank MB": f"{max(results[r][1] for r in range(n)) / 1e6:,.0f}",
-                             "pss": max(pss), "copy": copy})
+        with ctx.Manager() as manager:
+            t0 = time.perf_counter()
+            p = ctx.Process(target=_index_rank, args=(str(tmp / "s"), False, ctx.Barrier(1), manager.dict(), 0))
+            p.start(), p.join()  # builds the index files once
+            built = time.perf_counter() - t0
+            for copy in (True, False):
+                for n in ranks:
+                    barrier, results = ctx.Barrier(n), manager.dict()
+                    procs = [ctx.Process(target=_index_rank, args=(str(tmp / "s"), copy, barrier, results, r))
+                             for r in range(n)]
+                    for q in procs:
+                        q.start()
+                    for q in procs:
+                        q.join()
+                    if any(q.exitcode for q in procs):
+                        raise RuntimeError(f"a rank failed ({'copy' if copy else 'mapped'}, {n} ranks)")
+                    pss = [results[r][0] for r in range(n)]
+                    rows.append({"index": "own copy per rank (before)" if copy else "memory-mapped, shared (now)",
+                                 "ranks": n, "PSS/rank MB": f"{max(pss) / 1e6:,.0f}",
+                                 "RSS/rank MB": f"{max(results[r][1] for r in range(n)) / 1e6:,.0f}",
+                                 "pss": max(pss), "copy": copy})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"mixture index of one source of {n_docs:,} documents (written in {written:.0f} s; index built once "

@@ -29,7 +29,7 @@ from torchtitan.protocols.model_spec import ModelSpec
 import rundir
 from data.chat import resolve_template, template_sha256
 from data.loader import MixtureDataLoader, SentencePieceTokenizer, build_mixture
-from data.mixture import Mixture, MixtureError, needs
+from data.mixture import Mixture
 from data.shards import MANIFEST, load_manifest
 from data.tokenizer import Tokenizer, check_sha256, how_to_get
 from models.laneformer import NATIVE_FIELDS, Laneformer, laneformer_configs, model_registry
@@ -37,7 +37,7 @@ from train.cpu import adapt_config
 from train.eval_hook import EvalHook
 from train.export_hook import ExportHook
 from train.preemption import PreemptionHook
-from train.recipe import Recipe, RecipeError, check_keys, check_value, check_world, dp_degrees
+from train.recipe import Recipe, RecipeError, check_keys, check_needs, check_value, check_world, dp_degrees
 from train.report_hook import ReportHook
 from train.storage import run_dir_problem
 from train.trainer import GuardedOptimizers, LaneformerTrainer, MilestoneCheckpointManager
@@ -156,20 +156,6 @@ def preflight(recipe: Recipe, world_size: int) -> Preflight:
     if c.export_hf and not writable(Path(c.export_dir)):
         out.problems.append(f"{p}: [checkpoint] export_dir: {c.export_dir} is not writable")
     return out
-
-
-def check_needs(recipe: Recipe) -> list[str]:
-    """Sources whose expected size (``expected_tokens``, by the dataset card) cannot give the planned
-    tokens within ``max_epochs``: known before anything is downloaded or tokenized."""
-    t, p = recipe.training, recipe.path
-    try:
-        rows = needs(recipe.data.sources, t.seq_len, t.steps * t.global_batch)
-    except MixtureError as e:
-        return [f"{p}: [data] sources: {e}"]
-    return [f"{p}: [data.sources[{i}]] expected_tokens: source {n.name!r} holds ~{n.expected_tokens:,} tokens by "
-            f"its card but the plan reads {n.planned_tokens:,} (needs >= {n.needs:,} at max_epochs "
-            f"{n.max_epochs:g}): lower its weight, raise max_epochs or add data"
-            for i, n in enumerate(rows) if n.fits is False]
 
 
 def check_data(recipe: Recipe, config: Laneformer.Config, tokenizer: Tokenizer | None = None) -> Mixture:

@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "verify":
             return verify([Path(s.path) for s in recipe.data.sources] + [Path(x) for x in recipe.eval.val_sources])
         src = source(recipe, a.source)
+        if problems := R.check_needs(recipe):  # a plan the data cannot meet: found before any download
+            raise R.RecipeError("\n".join(problems))
         if a.command == "download":
             if a.slurm:
                 if not a.partition:

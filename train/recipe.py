@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from data.chat import TEMPLATES, check_template, checkpoint_template, resolve_template
-from data.mixture import MixtureError, SourceSpec, check_distinct
+from data.mixture import MixtureError, SourceSpec, check_distinct, needs
 from rundir import EXPORT_DIR, REPO, parse_set
 
 RECIPES = REPO / "recipes"
@@ -451,6 +451,20 @@ def resolve(recipe: Recipe) -> None:
     if par.reduce_grads == "replicas_last_micro_batch" and par.replicate == 1:
         fail("parallel", "reduce_grads: 'replicas_last_micro_batch' needs replicas (HSDP, replicate > 1); "
                          "'last_micro_batch' defers every reduction")
+
+
+def check_needs(recipe: Recipe) -> list[str]:
+    """Sources whose expected size (``expected_tokens``, by the dataset card) cannot give the planned
+    tokens within ``max_epochs``: known before anything is downloaded or tokenized."""
+    t, p = recipe.training, recipe.path
+    try:
+        rows = needs(recipe.data.sources, t.seq_len, t.steps * t.global_batch)
+    except MixtureError as e:
+        return [f"{p}: [data] sources: {e}"]
+    return [f"{p}: [data.sources[{i}]] expected_tokens: source {n.name!r} holds ~{n.expected_tokens:,} tokens by "
+            f"its card but the plan reads {n.planned_tokens:,} (needs >= {n.needs:,} at max_epochs "
+            f"{n.max_epochs:g}): lower its weight, raise max_epochs or add data"
+            for i, n in enumerate(rows) if n.fits is False]
 
 
 def chat_template(recipe: Recipe) -> str:

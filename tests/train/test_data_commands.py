@@ -185,3 +185,13 @@ def test_the_bundled_identity_conversations_tokenize_cleanly(tmp_path):
     assert manifest["num_documents"] == len(lines) == 20 and manifest["chat"]["rejected"] == {}
     assert manifest["input"]["kind"] == "jsonl" and manifest["loss_mask"] is True
     assert all("Laneformer" in json.loads(line)["messages"][-1]["content"] for line in lines)
+
+
+def test_a_plan_the_data_cannot_meet_is_refused_before_any_request(tmp_path):
+    recipe = recipe_with(tmp_path, WEB.format(extra="expected_tokens = 10\nmax_epochs = 2\n"))
+    with FakeHub({("dataset", "org/web"): hub_dataset(tmp_path / "repo")}, tmp_path / "hf") as hub:
+        got = data_cli("train.data", "download", "--recipe", str(recipe), "--source", "web",
+                       env={"LANEFORMER_DATA_ROOT": str(tmp_path / "data"), **hub.env})
+        assert hub.requests == []
+    assert got.returncode == 2
+    assert f"{recipe}: [data.sources[0]] expected_tokens: source 'web' holds ~10 tokens by its card" in got.stderr

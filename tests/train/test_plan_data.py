@@ -8,7 +8,8 @@ import pytest
 
 from data.mixture import MixtureLoader, needs
 from train import recipe as R
-from train.build import check_data, check_needs, model_config, preflight
+from train.build import check_data, model_config, preflight
+from train.recipe import check_needs
 from train.plan.data import data_report
 
 
