@@ -31,13 +31,16 @@ Prompts and stops are EvalPlus's too (``evalplus.provider.utility`` and the
 instruction/response prefixes of its ``codegen``): base models continue
 ``prompt.strip() + "\\n"``; instruct models (``chat=True``) get the task in a
 code block as the user turn and an answer started with "Below is a Python
-script ...\\n```python\\n" (the chat template cut at EvalPlus's marker).
+script ...\\n```python\\n" (the chat template cut at EvalPlus's marker),
+which stops at the code block's end; tabs become four spaces, as its HF and
+vLLM providers do.
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
+import gzip
 import json
 import os
 import pickle
@@ -106,8 +109,6 @@ def release_file(dataset: str) -> Path:
 
 def _check_file(path: Path) -> None:
     """Name the file, line and field of a problem before EvalPlus's loader meets it."""
-    import gzip
-
     if not path.is_file():
         raise EvalPlusDataError(f"{path}: no such EvalPlus release file")
     n_tasks = 0
@@ -274,7 +275,9 @@ def evaluate_evalplus(model_fn, tokenizer, dataset: str, *, max_seq_len: int, de
     tasks = tasks if tasks is not None else load_tasks(dataset, data_path, limit)
 
     def prompt(task: dict) -> list[int]:
-        return chat_prompt_ids(task, tokenizer, chat_template) if chat else tokenizer.encode(base_prompt(task), bos=True)
+        if chat:
+            return chat_prompt_ids(task, tokenizer, chat_template)
+        return tokenizer.encode(base_prompt(task), bos=True)
 
     def solution(task: dict, answer: str) -> str:  # as its codegen: the answer, or the prompt and its completion
         answer = answer.replace("\t", "    ")  # as its providers do

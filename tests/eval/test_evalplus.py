@@ -103,7 +103,8 @@ def test_find_zero_takes_upstreams_fix_by_default(files, reference):
     jobs = [(task, evalplus.sanitize(raw, entrypoint="find_zero")) for _, raw in cases]
     jobs.append((task, task["prompt"] + task["canonical_solution"]))
     fixed = [(v["base"], v["plus"]) for v in check_solutions("humaneval", jobs)]
-    assert dict(zip([name for name, _ in cases], fixed)) == {name: FIXED.get(name, reference[name]) for name, _ in cases}
+    names = [name for name, _ in cases]
+    assert dict(zip(names, fixed)) == {name: FIXED.get(name, reference[name]) for name in names}
     assert fixed[-1] == (True, True)
     assert check_solutions("humaneval", jobs[-1:], find_zero="released") == [{"base": False, "plus": False}]
     with pytest.raises(ValueError, match="find_zero: 'upstream' is not one of"):
@@ -113,7 +114,8 @@ def test_find_zero_takes_upstreams_fix_by_default(files, reference):
 def test_release_files_load_as_evalplus_loads_them(files, monkeypatch):
     from evalplus.data import mbpp as ep_mbpp
 
-    assert [t["task_id"] for t in load_tasks("humaneval", files["humaneval"], limit=2)] == ["HumanEval/0", "HumanEval/1"]
+    two = load_tasks("humaneval", files["humaneval"], limit=2)
+    assert [t["task_id"] for t in two] == ["HumanEval/0", "HumanEval/1"]
     mbpp = load_tasks("mbpp", files["mbpp"])
     assert mbpp[0]["base_input"][0] == [(3, 4, 5, 6), (5, 7, 4, 10)]  # MBPP+ task 2 takes tuples
     assert ep_mbpp.MBPP_OVERRIDE_PATH == os.environ.get("MBPP_OVERRIDE_PATH")  # pointed at the file for the call only
