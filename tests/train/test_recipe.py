@@ -82,6 +82,39 @@ def test_batch_must_divide_over_data_parallel_ranks(tmp_path):
         R.check_world(r, 3)
 
 
+def test_the_data_parallel_layout_must_divide_the_world_and_names_its_key(tmp_path):
+    path = write(tmp_path, GOOD)
+    assert R.dp_degrees(R.load(path, ["parallel.shard=8", "parallel.replicate=-1"]), 192) == (24, 8)
+    assert R.dp_degrees(R.load(path, ["parallel.replicate=2"]), 4) == (2, 2)
+    hsdp = R.load(path, ["parallel.replicate=3"])
+    with pytest.raises(R.RecipeError, match=r"r\.toml: \[parallel\] replicate: 3 does not divide the 4 ranks$"):
+        R.check_world(hsdp, 4)
+    with pytest.raises(R.RecipeError, match=r"\[parallel\] shard: 8 does not divide the 12 ranks$"):
+        R.check_world(R.load(path, ["parallel.shard=8", "parallel.replicate=-1"]), 12)
+    with pytest.raises(R.RecipeError, match=r"\[parallel\] shard, replicate: 2 x 3 is not the 12 ranks$"):
+        R.check_world(R.load(path, ["parallel.shard=2", "parallel.replicate=3"]), 12)
+    for sets, message in ((["parallel.shard=0"], r"\[parallel\] shard: must be >= 1, or -1"),
+                          (["parallel.shard=-1", "parallel.replicate=-1"], r"\[parallel\] shard, replicate: at most one"),
+                          (['parallel.reduce_grads="replicas_last_micro_batch"'],
+                           r"\[parallel\] reduce_grads: 'replicas_last_micro_batch' needs replicas"),
+                          (['parallel.reduce_grads="sometimes"'], r"\[parallel\] reduce_grads: must be one of"),
+                          (['parallel.reshard_after_forward="later"'], r"\[parallel\] reshard_after_forward: must be")):
+        with pytest.raises(R.RecipeError, match=message):
+            R.load(path, sets)
+
+
+def test_the_layout_reaches_torchtitan_and_the_trainer(monkeypatch):
+    from train.build import trainer_config
+
+    monkeypatch.setenv("WORLD_SIZE", "16")  # torchrun's: a replicate degree of -1 is resolved on it
+    config = trainer_config(R.load("tiny.toml", ["parallel.shard=8", "parallel.replicate=-1",
+                                                 'parallel.reshard_after_forward="never"',
+                                                 'parallel.reduce_grads="replicas_last_micro_batch"']))
+    p = config.parallelism
+    assert (p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.fsdp_reshard_after_forward,
+            config.reduce_grads) == (2, 8, "never", "replicas_last_micro_batch")
+
+
 def test_resolved_recipe_round_trips_through_toml(tmp_path):
     r = R.load(write(tmp_path, GOOD))
     again = R.load(write(tmp_path, R.to_toml(r), "again.toml"))

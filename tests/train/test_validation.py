@@ -119,9 +119,9 @@ def test_train_py_reports_every_problem_exits_2_and_writes_nothing(tmp_path):
     (tmp_path / "a-file").write_text("")
     sets = [f"run.output_dir={tmp_path / 'run'}", 'model.max_seq_len="256"', f"checkpoint.init_from={tmp_path / 'p1'}",
             f"data.tokenizer={tmp_path / 'nope.model'}", "checkpoint.export_hf=true",
-            f"checkpoint.export_dir={tmp_path / 'a-file' / 'hf'}"]
-    expected = ["[model] max_seq_len: expected int", "[checkpoint] init_from:", "[data] tokenizer:",
-                "[checkpoint] export_dir:"]
+            f"checkpoint.export_dir={tmp_path / 'a-file' / 'hf'}", "parallel.replicate=2"]
+    expected = ["[parallel] replicate: 2 does not divide the 1 ranks", "[model] max_seq_len: expected int",
+                "[checkpoint] init_from:", "[data] tokenizer:", "[checkpoint] export_dir:"]
     for extra in ([], ["--dry-run"]):
         cmd = [sys.executable, str(REPO / "train.py"), "--recipe", "tiny.toml", *extra]
         for s in sets:
