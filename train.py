@@ -64,6 +64,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plot", type=Path, metavar="FILE", help="plan: also draw the memory per GPU as a stacked bar "
                    "(parameters, gradients, optimizer, activations, temporaries against the GPU's memory), a PNG")
     p.add_argument("--gpus", type=int, default=192, help="dry run and plan: GPUs for the estimates")
+    p.add_argument("--cluster", help="plan: the cluster preset for communication, h100-ib400 or a100-ib200 "
+                   "(default: the --gpu kind's; train/plan/comm.py)")
+    p.add_argument("--gpus-per-node", type=int, help="plan: GPUs per node (default: the cluster's)")
+    p.add_argument("--intra-node-gbs", type=float, help="plan: NCCL bus bandwidth inside a node, GB/s")
+    p.add_argument("--network-gbs", type=float, help="plan: NCCL bus bandwidth per GPU across nodes, GB/s")
     p.add_argument("--mfu", type=float, default=0.40, help="dry run: assumed model FLOPs utilization")
     p.add_argument("--peak-tflops", type=float, default=GPUS["h100"].tflops["bfloat16"],
                    help="dry run: peak bf16 TFLOP/s per GPU (default: the H100's, train/plan/gpus.py)")
@@ -120,9 +125,12 @@ def main(argv=None) -> int:
             import json
 
             from train.plan import make_plan
+            from train.plan.comm import cluster_for
 
+            cluster = cluster_for(args.gpu, args.cluster, gpus_per_node=args.gpus_per_node,
+                                  intra_node_gbs=args.intra_node_gbs, network_gbs=args.network_gbs)
             p = make_plan(recipe, gpus=args.gpus, gpu=args.gpu, with_sweep=args.sweep, with_ops=args.ops,
-                          with_kernels=args.compiled)
+                          with_kernels=args.compiled, cluster=cluster)
             print(json.dumps(p.to_json(), indent=1) if args.json else "\n".join(p.lines()))
             if args.plot:
                 from train.report.memory import plot_memory

@@ -10,7 +10,8 @@
 model, tokenizer, data, ``init_from``, writable dirs; ``--no-preflight`` keeps
 only the model's) and, on GPUs, that one training step fits their memory
 (``train.py --plan``; ``--no-plan`` skips it); any problem: exit 2, nothing
-written or queued. ``--dry-run`` prints the batch script and the same verdict.
+written or queued. ``--dry-run`` prints the batch script, with the plan (memory, communication
+for the job's nodes) and the same verdict in it as comments: its output is a valid script.
 Then it snapshots code and recipe
 into the run dir (``launches/NNN``), freezes the resolved recipe the job will
 train (``launcher/recipe.toml``: editing recipes/ later does not change a queued
@@ -61,8 +62,13 @@ def check(recipe: R.Recipe, args, world_size: int):
         problems, config = checked.problems, checked.config
     if args.gpus_per_node and not args.no_plan and config is not None:  # memory per GPU, before the queue
         from train.plan import plan
+        from train.plan.comm import cluster_for
 
-        text, fits = plan(recipe, gpus=world_size, gpu=args.gpu)
+        # communication as this job places its ranks: --nodes nodes of world_size / nodes each
+        text, fits = plan(recipe, gpus=world_size, gpu=args.gpu,
+                          cluster=cluster_for(args.gpu, gpus_per_node=world_size // args.nodes))
+        if args.dry_run:  # stdout stays a valid batch script: the plan goes into it as comments
+            text = "\n".join(f"# {line}" for line in text.splitlines())
         print(text, file=sys.stdout if fits else sys.stderr)
         if not fits:
             problems.append(f"{recipe.path}: does not fit {world_size} x {args.gpu} "
@@ -99,7 +105,7 @@ def submit(args) -> int:
         print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
         return 2
     if args.dry_run:
-        print("checks: all passed; a submit would queue this job")
+        print("# checks: all passed; a submit would queue this job")
         return 0
     active = [j for j in job_ids(run) if job_info(j).get("JobState") in ACTIVE]
     if active:

@@ -7,6 +7,7 @@ No SLURM needed: all of it comes before anything is written or submitted.
 from __future__ import annotations
 
 import re
+import subprocess
 
 from launch.slurm import main
 
@@ -33,12 +34,24 @@ def test_submit_refuses_missing_data_naming_it_and_writes_nothing(tmp_path, caps
     assert not (tmp_path / "run").exists()
 
 
-def test_dry_run_prints_the_script_the_plan_and_the_verdict(tmp_path, capsys):
-    code = main(["submit", "--recipe", "tiny.toml", "--nodes", "1", "--gpus-per-node", "2", "--gpu", "h100",
+def test_dry_run_is_a_valid_script_with_the_plan_and_the_verdict_as_comments(tmp_path, capsys):
+    # 2 nodes x 2 GPUs, HSDP with one replica per node: the plan's communication crosses the network
+    code = main(["submit", "--recipe", "tiny.toml", "--nodes", "2", "--gpus-per-node", "2", "--gpu", "h100",
+                 "--set", "training.micro_batch=2", "--set", "parallel.shard=2", "--set", "parallel.replicate=-1",
                  "--set", f"run.output_dir={tmp_path / 'run'}", "--dry-run"])
     out = capsys.readouterr().out
     assert code == 0
     assert out.startswith("#!/bin/bash") and "#SBATCH --gpus-per-node=2" in out
-    assert re.search(r"^peak memory per GPU: [\d.]+ GiB of 79.6 GiB \(fits\)$", out, re.M)
-    assert out.rstrip().endswith("checks: all passed; a submit would queue this job")
+    assert re.search(r"^# peak memory per GPU: [\d.]+ GiB of 79.6 GiB \(fits\)$", out, re.M)
+    assert re.search(r"^# communication per GPU per step: HSDP 2 x 2 .* on 4 GPUs \(2 nodes; cluster h100-ib400 "
+                     r"with gpus_per_node=2", out, re.M)
+    network = re.search(r"^# network bytes per GPU per step: ([\d.e-]+) GB$", out, re.M)
+    assert network and float(network.group(1)) > 0
+    for line in (r"intra-node bytes per GPU per step: [\d.e-]+ GB",
+                 r"exposed communication per step: [\d.e-]+ s \([\d.]+% of the step\)",
+                 r"roofline with communication: [\d,]+ tokens/s/GPU, MFU [\d.]+%"):
+        assert re.search(f"^# {line}$", out, re.M), line
+    assert out.rstrip().endswith("# checks: all passed; a submit would queue this job")
+    (tmp_path / "job.sbatch").write_text(out)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
     assert not (tmp_path / "run").exists()

@@ -19,13 +19,16 @@ import torch
 
 from train import recipe as R
 
+from .comm import Cluster, Communication, Layout, candidate_layouts, cluster_for, communication
 from .data import data_report, realized_mix
 from .gpus import GIB, GPUS, Gpu
-from .memory import Memory, memory_plan, memory_plans
+from .memory import FIT_FRACTION, Memory, memory_plan, memory_plans
 from .roofline import ROOFLINE_NOTE, Speed, ops_table, roofline, text_table
 from .step import AC_MODES, STAND_IN_NOTE, Shape
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
+TIE = 0.01  # settings within 1% of the fastest (with communication) count as equally fast
+TOP = 12  # layout rows the sweep prints
 
 
 # ---- dry run -----------------------------------------------------------------------------
@@ -71,71 +74,112 @@ def _accumulation(recipe: R.Recipe, micro_batch: int, gpus: int) -> int | None:
 
 @dataclass
 class Setting:
-    """One micro batch x AC point of the sweep (memory and speed None: not traced)."""
+    """One layout x micro batch x AC point of the sweep (memory and speed None: not traced)."""
 
     ac: str
     micro_batch: int
     accumulation: int | None
     memory: Memory | None = None
     speed: Speed | None = None
+    comm: Communication | None = None  # the layout's communication at this point
+
+    @property
+    def peak(self) -> int:
+        """The traced peak and what the layout holds beyond it (deferred gradients, gathered parameters)."""
+        return self.memory.peak + (self.comm.extra_memory if self.comm else 0)
 
     @property
     def usable(self) -> bool:
-        return self.memory is not None and self.memory.fits and self.accumulation is not None
-
-
-def rank_key(setting: Setting) -> float:
-    """What the sweep maximizes among usable settings: roofline tokens/s/GPU."""
-    return setting.speed.tokens_per_s
+        return (self.memory is not None and self.accumulation is not None and self.comm is not None
+                and self.peak <= FIT_FRACTION * self.memory.gpu.memory_gib * GIB)
 
 
 @dataclass
 class Sweep:
     gpus: int
     gpu: Gpu
+    cluster: Cluster
     settings: list[Setting]
 
     @property
+    def ranked(self) -> list[Setting]:
+        """Usable settings, fastest first by roofline tokens/s/GPU with communication."""
+        return sorted((s for s in self.settings if s.usable), key=lambda s: -s.comm.tokens_per_s)
+
+    @property
     def best(self) -> Setting | None:
-        return max((s for s in self.settings if s.usable), key=rank_key, default=None)
+        """Among settings within ``TIE`` of the fastest, the one with the fewest network bytes, then
+        the least memory, then the fewest intra-node bytes: the estimates cannot tell such speeds
+        apart, and a quieter network and memory headroom are worth having."""
+        ranked = self.ranked
+        if not ranked:
+            return None
+        near = [s for s in ranked if s.comm.tokens_per_s >= (1 - TIE) * ranked[0].comm.tokens_per_s]
+        return min(near, key=lambda s: (s.comm.network_bytes, s.peak, s.comm.intra_bytes))
 
 
-def sweep(recipe: R.Recipe, config, gpus: int, gpu: Gpu) -> Sweep:
-    """Micro batch x AC: peak memory, fits, roofline. Each AC mode shards its model once for
-    all micro batches; a micro batch larger than one that does not fit is not traced."""
+def sweep(recipe: R.Recipe, config, gpus: int, gpu: Gpu, cluster: Cluster) -> Sweep:
+    """Layouts x micro batch x AC: peak memory, fits, roofline with communication. Memory and
+    roofline are traced per shard degree (FSDP over every GPU; HSDP inside a node); each AC mode
+    shards its model once for all micro batches; a micro batch larger than one that does not fit is
+    not traced. Reshard policies and gradient reductions change only what ``comm`` adds."""
     settings = []
-    for ac in AC_MODES:
-        shape = Shape.of(recipe, gpus, ac=ac)
-        memory = memory_plans(config, shape, gpu, MICRO_BATCHES, stop_when_full=True)
-        for mb in MICRO_BATCHES:
-            s = Setting(ac, mb, _accumulation(recipe, mb, gpus))
-            if mb in memory:
-                s.memory = memory[mb]
-                s.speed = roofline(config, dataclasses.replace(shape, micro_batch=mb), gpu,
-                                   accumulation=s.accumulation or 1)
-            settings.append(s)
-    return Sweep(gpus, gpu, settings)
+    layouts = candidate_layouts(gpus, cluster.gpus_per_node)
+    for shard in dict.fromkeys(layout.shard for layout in layouts):
+        for ac in AC_MODES:
+            shape = Shape.of(recipe, shard, ac=ac)
+            memory = memory_plans(config, shape, gpu, MICRO_BATCHES, stop_when_full=True)
+            for mb in MICRO_BATCHES:
+                acc = _accumulation(recipe, mb, gpus)
+                if mb not in memory:
+                    settings.append(Setting(ac, mb, acc))
+                    continue
+                speed = roofline(config, dataclasses.replace(shape, micro_batch=mb), gpu, accumulation=acc or 1)
+                for layout in (layout for layout in layouts if layout.shard == shard):
+                    comm = acc and communication(config, layout, speed, cluster, gpus=gpus, accumulation=acc,
+                                                 param_dtype=shape.param_dtype, reduce_dtype=shape.reduce_dtype)
+                    settings.append(Setting(ac, mb, acc, memory[mb], speed, comm or None))
+    return Sweep(gpus, gpu, cluster, settings)
 
 
 def sweep_lines(sw: Sweep, recipe: R.Recipe) -> list[str]:
-    rows = []
-    for s in sw.settings:
-        if s.memory is None:
-            rows.append([s.ac, s.micro_batch, "not traced", "no (a smaller micro batch does not fit)", "-", "-", "-"])
-        else:
-            rows.append([s.ac, s.micro_batch, f"{s.memory.peak / GIB:.2f}", "yes" if s.memory.fits else "no",
-                         s.accumulation or "does not divide", f"{s.speed.tokens_per_s:,.0f}", f"{s.speed.mfu:.1%}"])
     lines = [f"sweep on {sw.gpus} x {sw.gpu.label} (roofline: {ROOFLINE_NOTE}):"]
-    lines += text_table(["AC", "micro batch", "peak GiB", "fits", "accumulation", "roofline tokens/s/GPU", "MFU"],
-                        [[str(c) for c in r] for r in rows])
-    best = sw.best
+    for shard in dict.fromkeys(s.comm.layout.shard for s in sw.settings if s.comm):
+        rows, seen = [], set()
+        for s in sw.settings:
+            if (s.comm and s.comm.layout.shard != shard) or (s.ac, s.micro_batch) in seen:
+                continue
+            seen.add((s.ac, s.micro_batch))
+            if s.memory is None:
+                rows.append([s.ac, s.micro_batch, "not traced", "no (a smaller micro batch does not fit)", "-", "-",
+                             "-"])
+            else:
+                rows.append([s.ac, s.micro_batch, f"{s.memory.peak / GIB:.2f}", "yes" if s.memory.fits else "no",
+                             s.accumulation or "does not divide", f"{s.speed.tokens_per_s:,.0f}", f"{s.speed.mfu:.1%}"])
+        lines += [f"parameters sharded over {shard} GPUs (traced peak; reduce every micro batch, default resharding):"]
+        lines += text_table(["AC", "micro batch", "peak GiB", "fits", "accumulation", "roofline tokens/s/GPU", "MFU"],
+                            [[str(c) for c in r] for r in rows])
+    best, ranked = sw.best, sw.ranked
     if best is None:
         return lines + [f"recommended: nothing fits on {sw.gpu.label} at this global batch"]
+    lines += [f"layouts ranked by roofline with communication ({sw.cluster.describe()}), "
+              f"the {min(TOP, len(ranked))} fastest of {len(ranked)} that fit; peak includes what the layout holds "
+              f"beyond the trace:"]
+    rows = [["*" if s is best else "", s.comm.layout.name, s.comm.layout.reshard_after_forward,
+             s.comm.layout.reduce_grads, s.ac, s.micro_batch, f"{s.peak / GIB:.2f}",
+             f"{s.comm.network_bytes / 1e9:.1f}", f"{s.comm.intra_bytes / 1e9:.1f}",
+             f"{s.comm.exposed_s / s.comm.step_s:.1%}", f"{s.comm.tokens_per_s:,.0f}", f"{s.comm.mfu:.1%}"]
+            for s in ranked[:TOP] + ([best] if best not in ranked[:TOP] else [])]
+    lines += text_table(["", "layout", "reshard", "reduce_grads", "AC", "micro batch", "peak GiB", "network GB",
+                         "intra-node GB", "exposed", "tokens/s/GPU", "MFU"], [[str(c) for c in r] for r in rows])
+    c = best.comm
     return lines + [
-        f"recommended: micro batch {best.micro_batch}, activation checkpointing {best.ac} (the fastest that fits): "
-        f"{best.speed.tokens_per_s:,.0f} tokens/s/GPU, MFU {best.speed.mfu:.1%}, peak {best.memory.peak / GIB:.2f} "
-        f"GiB; gradient accumulation {best.accumulation} keeps {recipe.training.global_batch} sequences per step "
-        f"on {sw.gpus} GPUs"
+        f"recommended: micro batch {best.micro_batch}, activation checkpointing {best.ac} (within {TIE:.0%} of the "
+        f"fastest that fits with communication, then the fewest network bytes and the least memory): "
+        f"{c.tokens_per_s:,.0f} tokens/s/GPU, MFU {c.mfu:.1%}, peak {best.peak / GIB:.2f} GiB; gradient "
+        f"accumulation {best.accumulation} keeps {recipe.training.global_batch} sequences per step on {sw.gpus} GPUs",
+        f"recommended layout: {c.layout.describe()}: [parallel] {', '.join(c.layout.recipe_lines())}",
+        *(f"  {line}" for line in c.figures()),
     ]
 
 
@@ -157,6 +201,7 @@ class Plan:
     lanes: Speed
     dense: Speed | None
     dense_error: str | None = None
+    comm: Communication | None = None
     compiled: CompiledEstimate | None = None
     sweep: Sweep | None = None
     ops: bool = False  # print one layer's per-op table
@@ -166,7 +211,8 @@ class Plan:
         t, s = self.recipe.training, self.shape
         return [
             f"plan: {self.recipe.path}: {self.recipe.model.flavor} ({self.nparams:,} parameters) on {self.gpus} x "
-            f"{self.gpu.label}, FSDP2 over {self.gpus} ranks, {s.param_dtype} params, {s.reduce_dtype} reductions",
+            f"{self.gpu.label}, {self.comm.layout.name} (parameters sharded over {s.gpus} ranks), {s.param_dtype} "
+            f"params, {s.reduce_dtype} reductions",
             f"micro batch {s.micro_batch} x {t.seq_len} tokens, activation checkpointing {s.ac}, "
             f"gradient accumulation {self.accumulation} ({t.global_batch} sequences per step)",
             f"eager, one step traced on fake tensors; {STAND_IN_NOTE}",
@@ -179,6 +225,15 @@ class Plan:
         return lines + [self.dense.line("dense twin roofline"),
                         f"lanes/dense roofline step ratio: {self.lanes.step_s / self.dense.step_s:.2f} "
                         f"(the twin: torchtitan llama3 with equal parameters and the same attention windows)"]
+
+    def comm_lines(self) -> list[str]:
+        return [] if self.comm is None else self.comm.lines()
+
+    @property
+    def fits(self) -> bool:
+        """The traced peak plus what the layout holds beyond it fits the GPU."""
+        extra = self.comm.extra_memory if self.comm else 0
+        return self.memory.peak + extra <= FIT_FRACTION * self.gpu.memory_gib * GIB
 
     def compiled_lines(self) -> list[str]:
         return [] if self.compiled is None else self.compiled.lines()
@@ -196,7 +251,8 @@ class Plan:
 
     def lines(self) -> list[str]:
         """The text, section by section (a new estimate adds its section here)."""
-        return [*self.header_lines(), *self.memory.lines(), *self.roofline_lines(), *self.compiled_lines(),
+        return [*self.header_lines(), *self.memory.lines(), *self.roofline_lines(), *self.comm_lines(),
+                *self.compiled_lines(),
                 *self.ops_lines(), *self.sweep_lines()]
 
     def to_json(self) -> dict:
@@ -210,23 +266,26 @@ class Plan:
             "memory": self.memory.to_json(),
             "roofline": speed(self.lanes), "dense_roofline": speed(self.dense),
             "lanes_dense_ratio": None if self.dense is None else self.lanes.step_s / self.dense.step_s,
+            "communication": None if self.comm is None else self.comm.to_json(),
             "compiled": None if self.compiled is None else self.compiled.to_json(),
             "recommended": None,
         }
         if self.sweep is not None:
             out["sweep"] = [{"ac": s.ac, "micro_batch": s.micro_batch, "accumulation": s.accumulation,
                              "peak_gib": s.memory and s.memory.peak / GIB, "fits": s.memory and s.memory.fits,
-                             "tokens_per_s": s.speed and s.speed.tokens_per_s, "mfu": s.speed and s.speed.mfu}
+                             "tokens_per_s": s.speed and s.speed.tokens_per_s, "mfu": s.speed and s.speed.mfu,
+                             "communication": s.comm and s.comm.to_json()}
                             for s in self.sweep.settings]
             if (best := self.sweep.best) is not None:
                 out["recommended"] = {"micro_batch": best.micro_batch, "ac": best.ac,
                                       "accumulation": best.accumulation, "tokens_per_s": best.speed.tokens_per_s,
-                                      "mfu": best.speed.mfu, "peak_gib": best.memory.peak / GIB}
+                                      "mfu": best.speed.mfu, "peak_gib": best.peak / GIB,
+                                      "communication": best.comm.to_json()}
         return out
 
 
 def make_plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_sweep: bool = False, with_ops: bool = False,
-              with_compiled: bool = False, with_kernels: bool = False) -> Plan:
+              with_compiled: bool = False, with_kernels: bool = False, cluster: Cluster | None = None) -> Plan:
     """Memory, eager rooflines (lanes and the dense twin), the compiled estimate (unless not
     ``with_compiled``: launch.slurm needs only the memory), optionally the sweep and tables."""
     from train.build import model_config
@@ -240,7 +299,9 @@ def make_plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_sweep: boo
         raise R.RecipeError(f"{recipe.path}: [training] seq_len {t.seq_len} exceeds the model's max_seq_len "
                             f"{config.max_seq_len}")
     R.check_world(recipe, gpus)
-    shape = Shape.of(recipe, gpus)
+    cluster = cluster or cluster_for(gpu)
+    layout = Layout.of(recipe, gpus)
+    shape = Shape.of(recipe, layout.shard)  # memory and the optimizer's shard follow the shard degree
     acc = _accumulation(recipe, shape.micro_batch, gpus)
     with torch.device("meta"):
         nparams = sum(p.numel() for p in config.build().parameters())
@@ -251,7 +312,9 @@ def make_plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_sweep: boo
         dense = roofline(config, shape, kind, accumulation=acc, dense_twin=True)
     except ValueError as e:  # a shape llama3 cannot take
         dense_error = str(e)
-    p = Plan(recipe, config, gpus, kind, shape, acc, nparams, memory, lanes, dense, dense_error, ops=with_ops,
+    comm = communication(config, layout, lanes, cluster, gpus=gpus, accumulation=acc,
+                         param_dtype=shape.param_dtype, reduce_dtype=shape.reduce_dtype)
+    p = Plan(recipe, config, gpus, kind, shape, acc, nparams, memory, lanes, dense, dense_error, comm, ops=with_ops,
              kernels=with_kernels)
     if with_compiled:
         from .compiled import compiled_estimate
@@ -259,12 +322,13 @@ def make_plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_sweep: boo
         p.compiled = compiled_estimate(config, shape, kind, accumulation=acc or 1, optimizer_s=lanes.optimizer_s,
                                        dense_optimizer_s=dense and dense.optimizer_s)
     if with_sweep:
-        p.sweep = sweep(recipe, config, gpus, kind)
+        p.sweep = sweep(recipe, config, gpus, kind, cluster)
     return p
 
 
-def plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_compiled: bool = False) -> tuple[str, bool]:
-    """The plan's text (memory and eager rooflines; launch.slurm's check before the queue) and whether
-    the recipe's setting fits ``gpus`` GPUs of kind ``gpu``."""
-    p = make_plan(recipe, gpus=gpus, gpu=gpu, with_compiled=with_compiled)
-    return "\n".join(p.lines()), p.memory.fits
+def plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_compiled: bool = False,
+         cluster: Cluster | None = None) -> tuple[str, bool]:
+    """The plan's text (memory, eager rooflines, communication; launch.slurm's check before the queue)
+    and whether the recipe's setting fits ``gpus`` GPUs of kind ``gpu``."""
+    p = make_plan(recipe, gpus=gpus, gpu=gpu, with_compiled=with_compiled, cluster=cluster)
+    return "\n".join(p.lines()), p.fits
