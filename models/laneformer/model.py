@@ -123,17 +123,70 @@ class _LaneMatmul(torch.autograd.Function):
     """
 
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, x, w):
         ctx.save_for_backward(x, w)
         return torch.bmm(x.transpose(0, 1), w.transpose(1, 2)).transpose(0, 1)
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, g):
         x, w = ctx.saved_tensors
         g = g.transpose(0, 1)  # [L, N, out]
         dx = torch.bmm(g, w).transpose(0, 1) if ctx.needs_input_grad[0] else None
         dw = torch.bmm(g.transpose(1, 2), x.transpose(0, 1)) if ctx.needs_input_grad[1] else None
         return dx, dw
+
+
+def normed_lane_matmul(x: torch.Tensor, norm: RMSNorm, *linears: LaneLinear) -> torch.Tensor:
+    """``cat([lin(norm(x)) for lin in linears], -1)``: the row lane linears that read one norm, as one step.
+
+    ``x: [B, S, L, D]``; the weights ``[L, out_i, D]`` are concatenated on ``out`` for the matmul only,
+    so parameters, checkpoints and exports keep one tensor per linear.
+    """
+    B, S, L, D = x.shape
+    eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
+    y = _NormedLaneMatmul.apply(x.reshape(B * S, L, D), norm.weight, eps, *(lin.weight for lin in linears))
+    return y.reshape(B, S, L, -1)
+
+
+class _NormedLaneMatmul(torch.autograd.Function):
+    """``y[:, l] = rmsnorm(x[:, l]) @ cat(ws)[l]^T`` for ``x: [N, L, D]``, ``ws[i]: [L, out_i, D]``.
+
+    Why: the row linears that read one norm (q, k, v; w1, w3) are one matmul, so the normed
+    tensor is read once and their input gradients are one matmul instead of three (two) plus
+    the adds that sum them; and the normed lane-wide tensor is not saved for backward, which
+    keeps only ``x`` (the residual stream, held anyway) and ``r = 1/rms(x)`` per lane row.
+    Forward is RMSNorm's own kernel then the matmul, so values equal ``norm`` then the
+    separate linears bit for bit. Backward needs no normed tensor: with ``W' = W * g`` (``g``
+    the norm weight), ``dW' = (r g_y)^T x``, ``dW = dW' * g``, ``dg = sum(dW' * W)``, and
+    RMSNorm's ``dx = u - x r^2 (x . u) / D`` with ``u = (r g_y) @ W'``.
+    """
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")
+    def forward(ctx, x, norm_weight, eps, *weights):
+        # F.rms_norm's kernel, which also returns 1/rms (fp32) for the backward.
+        xn, r = torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], norm_weight, eps)
+        ctx.save_for_backward(x, norm_weight, r, *weights)
+        return torch.bmm(xn.transpose(0, 1), torch.cat(weights, dim=1).transpose(1, 2)).transpose(0, 1)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx, g):
+        x, norm_weight, r, *weights = ctx.saved_tensors
+        D = x.shape[-1]
+        w = torch.cat(weights, dim=1)
+        gz = (g * r.to(g.dtype)).transpose(0, 1)  # [L, N, out]
+        dx = None
+        if ctx.needs_input_grad[0]:
+            u = torch.bmm(gz, w * norm_weight).transpose(0, 1)  # [N, L, D]
+            dot = (x * u).sum(dim=-1, keepdim=True, dtype=r.dtype)
+            dx = torch.addcmul(u, x, (dot * r.square() / D).to(x.dtype), value=-1)
+        dw = torch.bmm(gz.transpose(1, 2), x.transpose(0, 1))  # [L, out, D], the weight scaled by the norm's
+        dnorm = (dw * w).sum(dim=(0, 1)) if ctx.needs_input_grad[1] else None
+        dws = (dw * norm_weight).split([w.shape[1] for w in weights], dim=1)
+        return dx, dnorm, None, *dws
 
 
 class LaneAttention(Module):
@@ -168,13 +221,16 @@ class LaneAttention(Module):
         self.rope = config.rope.build()
         self.inner_attention = config.inner_attention.build()
 
-    def forward(self, x, attention_mask: BlockMask, positions: torch.Tensor | None):
+    def forward(self, x, norm: RMSNorm, attention_mask: BlockMask, positions: torch.Tensor | None):
+        """Attention of ``norm(x)`` (the norm is applied inside the q/k/v matmul: ``normed_lane_matmul``)."""
         B, S, L, _ = x.shape
         # Lane-major head order: lane l owns heads [l*H/L, (l+1)*H/L), so the
         # GQA group of every query head stays inside its lane.
-        q = self.wq(x).reshape(B, S, self.n_heads, self.head_dim)
-        k = self.wk(x).reshape(B, S, self.n_kv_heads, self.head_dim)
-        v = self.wv(x).reshape(B, S, self.n_kv_heads, self.head_dim)
+        qkv = normed_lane_matmul(x, norm, self.wq, self.wk, self.wv)
+        q, k, v = qkv.split([self.n_heads * self.head_dim // L, *2 * [self.n_kv_heads * self.head_dim // L]], dim=-1)
+        q = q.reshape(B, S, self.n_heads, self.head_dim)
+        k = k.reshape(B, S, self.n_kv_heads, self.head_dim)
+        v = v.reshape(B, S, self.n_kv_heads, self.head_dim)
         q, k = self.rope(q, k, positions)
         out = self.inner_attention(
             q, k, v, attention_masks=attention_mask, enable_gqa=self.n_heads != self.n_kv_heads
@@ -200,8 +256,10 @@ class LaneFeedForward(Module):
         self.w3 = LaneLinear.Config(n_lanes=L, in_features=config.dim, out_features=h, param_init=config.w2w3_init).build()
         self.w2 = LaneLinear.Config(n_lanes=L, in_features=h, out_features=config.dim, param_init=config.w2w3_init).build()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+    def forward(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """The MLP of ``norm(x)``; w1 and w3 are one matmul that applies the norm (``normed_lane_matmul``)."""
+        gate, up = normed_lane_matmul(x, norm, self.w1, self.w3).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
 
 
 def _add_partial(x, o, reduce: Reduce, arrival, sends: bool):
@@ -211,16 +269,43 @@ def _add_partial(x, o, reduce: Reduce, arrival, sends: bool):
     layers back (or None); what this layer sends is the sum over the other
     lanes of its own outputs, to be added ``delay`` layers later.
     """
-    total = o.sum(dim=2, keepdim=True) if reduce == "present" or sends else None
-    if reduce == "present":
-        x = x + total
-    elif reduce == "scaled":
-        x = x + math.sqrt(o.shape[2]) * o
-    else:
-        x = x + o
-    if arrival is not None:
-        x = x + arrival
-    return x, (total - o if sends else None)
+    return _Exchange.apply(x, o, arrival, reduce, sends)
+
+
+class _Exchange(torch.autograd.Function):
+    """``_add_partial`` as one autograd step that saves nothing.
+
+    Why not plain autograd: its backward negates the send's gradient, expands the lane sum
+    and adds three gradients into ``o`` one at a time (a pass over a lane-wide tensor each);
+    here ``g_o = g_x - g_send + sum_l g_send`` is one expression (one kernel when compiled), and the
+    residual's and arrival's gradients are ``g_x`` itself.
+    """
+
+    @staticmethod
+    def forward(ctx, x, o, arrival, reduce: Reduce, sends: bool):
+        ctx.set_materialize_grads(False)
+        ctx.reduce, ctx.lanes, ctx.has_arrival = reduce, o.shape[2], arrival is not None
+        total = o.sum(dim=2, keepdim=True) if reduce == "present" or sends else None
+        if reduce == "present":
+            new = x + total
+        elif reduce == "scaled":
+            new = torch.add(x, o, alpha=math.sqrt(o.shape[2]))
+        else:
+            new = x + o
+        if arrival is not None:
+            new = new + arrival
+        return new, (total - o if sends else None)
+
+    @staticmethod
+    def backward(ctx, g, g_send):
+        if ctx.reduce == "present":
+            g_total = g.sum(dim=2, keepdim=True)
+            g_o = g_total.expand_as(g) if g_send is None else (g_total + g_send.sum(dim=2, keepdim=True)) - g_send
+        else:
+            g_o = g * math.sqrt(ctx.lanes) if ctx.reduce == "scaled" else g
+            if g_send is not None:
+                g_o = g_o - g_send + g_send.sum(dim=2, keepdim=True)
+        return g, g_o, (g if ctx.has_arrival else None), None, None
 
 
 class LaneBlock(Module):
@@ -245,9 +330,9 @@ class LaneBlock(Module):
         self.reduce, self.sends, self.window = config.reduce, config.sends, config.window
 
     def forward(self, x, attn_arrival, mlp_arrival, attention_mask, positions):
-        o = self.attention(self.attention_norm(x), attention_mask, positions)
+        o = self.attention(x, self.attention_norm, attention_mask, positions)
         x, attn_send = _add_partial(x, o, self.reduce, attn_arrival, self.sends)
-        o = self.feed_forward(self.ffn_norm(x))
+        o = self.feed_forward(x, self.ffn_norm)
         x, mlp_send = _add_partial(x, o, self.reduce, mlp_arrival, self.sends)
         return x, attn_send, mlp_send
 

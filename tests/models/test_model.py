@@ -145,7 +145,7 @@ def residual_trace(model, tokens, perturb=None):
     """Residual streams after every sub-block: [(layer, 'attn'|'mlp', x[B,S,L,D])]."""
     trace, hooks = [], []
     for i, layer in model.layers.items():
-        hooks.append(layer.ffn_norm.register_forward_pre_hook(
+        hooks.append(layer.feed_forward.register_forward_pre_hook(
             lambda m, args, i=i: trace.append((int(i), "attn", args[0].clone()))))
         hooks.append(layer.register_forward_hook(
             lambda m, args, out, i=i: trace.append((int(i), "mlp", out[0].clone()))))
@@ -202,7 +202,7 @@ def attention_output(model, layer, x, positions=None):
     block = model.layers[str(layer)]
     mask = model.attention_masks(tokens, positions)[block.window]
     with torch.no_grad():
-        return block.attention(x, mask, positions)
+        return block.attention(x, block.attention_norm, mask, positions)
 
 
 def test_window_layer_ignores_tokens_beyond_the_window():
@@ -276,7 +276,7 @@ def test_residual_updates_follow_the_spec_formula(variant):
         layer.attention.register_forward_hook(lambda m, a, out, i=i: outs["attn"].__setitem__(i, out))
         layer.feed_forward.register_forward_hook(lambda m, a, out, i=i: outs["mlp"].__setitem__(i, out))
         layer.register_forward_pre_hook(lambda m, a, i=i: states.__setitem__((i, "in"), a[0]))
-        layer.ffn_norm.register_forward_pre_hook(lambda m, a, i=i: states.__setitem__((i, "attn"), a[0]))
+        layer.feed_forward.register_forward_pre_hook(lambda m, a, i=i: states.__setitem__((i, "attn"), a[0]))
         layer.register_forward_hook(lambda m, a, out, i=i: states.__setitem__((i, "mlp"), out[0]))
     with torch.no_grad():
         model(torch.randint(0, cfg.vocab_size, (1, 12)))
@@ -285,3 +285,62 @@ def test_residual_updates_follow_the_spec_formula(variant):
         got_mlp = states[(i, "mlp")] - states[(i, "attn")]
         assert (got_attn - spec_update(cfg, outs["attn"], i)).abs().max() < 1e-5, (i, "attn")
         assert (got_mlp - spec_update(cfg, outs["mlp"], i)).abs().max() < 1e-5, (i, "mlp")
+
+
+# ---- the fused lane steps against plain autograd ------------------------------------
+
+
+def test_the_normed_lane_matmul_equals_norm_then_separate_matmuls_forward_and_backward():
+    """One matmul for q/k/v with the norm folded in: the values and every gradient of
+    ``rmsnorm(x) @ w_i^T`` per lane with separate weights (float64, plain autograd)."""
+    from models.laneformer.model import LaneLinear, normed_lane_matmul
+    from torchtitan.models.common import RMSNorm
+
+    torch.manual_seed(0)
+    L, D, outs = 4, 16, (8, 4, 4)
+    norm = RMSNorm.Config(normalized_shape=D, eps=1e-5).build().double()
+    linears = [LaneLinear.Config(n_lanes=L, in_features=D, out_features=o).build().double() for o in outs]
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        for lin in linears:
+            lin.weight.normal_()
+    x = torch.randn(2, 3, L, D, dtype=torch.float64, requires_grad=True)
+    params = [x, norm.weight, *(lin.weight for lin in linears)]
+    grad = torch.randn(2, 3, L, sum(outs), dtype=torch.float64)
+
+    got = normed_lane_matmul(x, norm, *linears)
+    got_grads = torch.autograd.grad(got, params, grad)
+    xn = F.rms_norm(x, (D,), norm.weight, 1e-5)
+    want = torch.cat([torch.einsum("bsli,loi->bslo", xn, lin.weight) for lin in linears], dim=-1)
+    want_grads = torch.autograd.grad(want, params, grad)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("reduce,sends,arrives", [("own", True, True), ("own", False, True), ("own", True, False),
+                                                  ("present", False, False), ("present", True, False),
+                                                  ("scaled", False, False)])
+def test_the_exchange_step_has_the_gradients_of_its_formula(reduce, sends, arrives):
+    from models.laneformer.model import _add_partial
+
+    torch.manual_seed(0)
+    L = 4
+    x, o, arrival = (torch.randn(2, 3, L, 5, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    inputs = [x, o] + ([arrival] if arrives else [])
+    new, send = _add_partial(x, o, reduce, arrival if arrives else None, sends)
+    total = o.sum(dim=2, keepdim=True)
+    update = {"own": o, "present": total.expand_as(o), "scaled": math.sqrt(L) * o}[reduce]
+    want_new = x + update + (arrival if arrives else 0)
+    torch.testing.assert_close(new, want_new, rtol=0, atol=1e-12)
+    assert (send is None) == (not sends)
+    outputs, want_outputs = [new], [want_new]
+    if sends:
+        torch.testing.assert_close(send, total - o, rtol=0, atol=1e-12)
+        outputs.append(send)
+        want_outputs.append(total - o)
+    grads = [torch.randn_like(t) for t in outputs]
+    got = torch.autograd.grad(outputs, inputs, grads)
+    want = torch.autograd.grad(want_outputs, inputs, grads)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)

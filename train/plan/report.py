@@ -285,7 +285,7 @@ class Plan:
 
 
 def make_plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_sweep: bool = False, with_ops: bool = False,
-              with_compiled: bool = False, with_kernels: bool = False, cluster: Cluster | None = None) -> Plan:
+              with_compiled: bool = True, with_kernels: bool = False, cluster: Cluster | None = None) -> Plan:
     """Memory, eager rooflines (lanes and the dense twin), the compiled estimate (unless not
     ``with_compiled``: launch.slurm needs only the memory), optionally the sweep and tables."""
     from train.build import model_config
@@ -319,8 +319,7 @@ def make_plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_sweep: boo
     if with_compiled:
         from .compiled import compiled_estimate
 
-        p.compiled = compiled_estimate(config, shape, kind, accumulation=acc or 1, optimizer_s=lanes.optimizer_s,
-                                       dense_optimizer_s=dense and dense.optimizer_s)
+        p.compiled = compiled_estimate(config, shape, kind, lanes, dense)
     if with_sweep:
         p.sweep = sweep(recipe, config, gpus, kind, cluster)
     return p

@@ -173,8 +173,8 @@ class Speed:
     def mfu(self) -> float:
         return self.flops_per_token * self.tokens_per_s / self.peak_flops
 
-    def line(self, label: str = "roofline") -> str:
-        return f"{label}: {self.tokens_per_s:,.0f} tokens/s/GPU, MFU {self.mfu:.1%} ({ROOFLINE_NOTE})"
+    def line(self, label: str = "roofline", note: str = ROOFLINE_NOTE) -> str:
+        return f"{label}: {self.tokens_per_s:,.0f} tokens/s/GPU, MFU {self.mfu:.1%} ({note})"
 
 
 def _shard_dim(placement, param: torch.Tensor) -> int:
