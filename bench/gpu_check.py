@@ -163,8 +163,9 @@ class Planner:
 
     def __init__(self, recipe: str, gpu: str, *sets: str):
         args = [a for s in sets for a in (["--sweep"] if s == "--sweep" else ["--set", s])]
+        # One GPU: the recipe's data-parallel layout (e.g. shard 8 inside a node) does not apply.
         self.cmd = [sys.executable, str(REPO / "train.py"), "--recipe", recipe, "--plan", "--json", "--gpus", "1",
-                    "--gpu", gpu, *args]
+                    "--gpu", gpu, "--set", "parallel.shard=1", "--set", "parallel.replicate=1", *args]
         # Files, not pipes: nothing blocks while we do not read.
         self.out, self.err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(self.cmd, cwd=REPO, stdout=self.out, stderr=self.err, text=True)

@@ -108,7 +108,8 @@ REDUCE_GRADS = {
     "last_micro_batch": "no reduction before a step's last micro batch: unsharded fp32 gradients are held "
                         "across micro batches, then reduced once",
     "replicas_last_micro_batch": "HSDP: reduce-scatter inside the shard group after every micro batch, all-reduce "
-                                 "across replicas once, at the last (holds sharded fp32 partial sums)",
+                                 "across replicas once, at the last (holds sharded fp32 partial sums; one replica: "
+                                 "as every_micro_batch)",
 }
 
 
@@ -448,9 +449,6 @@ def resolve(recipe: Recipe) -> None:
             fail("parallel", f"{key}: must be >= 1, or -1 for the ranks the other leaves (got {getattr(par, key)})")
     if par.shard == par.replicate == -1:
         fail("parallel", "shard, replicate: at most one of them may be -1")
-    if par.reduce_grads == "replicas_last_micro_batch" and par.replicate == 1:
-        fail("parallel", "reduce_grads: 'replicas_last_micro_batch' needs replicas (HSDP, replicate > 1); "
-                         "'last_micro_batch' defers every reduction")
 
 
 def check_needs(recipe: Recipe) -> list[str]:

@@ -95,8 +95,6 @@ def test_the_data_parallel_layout_must_divide_the_world_and_names_its_key(tmp_pa
         R.check_world(R.load(path, ["parallel.shard=2", "parallel.replicate=3"]), 12)
     for sets, message in ((["parallel.shard=0"], r"\[parallel\] shard: must be >= 1, or -1"),
                           (["parallel.shard=-1", "parallel.replicate=-1"], r"\[parallel\] shard, replicate: at most one"),
-                          (['parallel.reduce_grads="replicas_last_micro_batch"'],
-                           r"\[parallel\] reduce_grads: 'replicas_last_micro_batch' needs replicas"),
                           (['parallel.reduce_grads="sometimes"'], r"\[parallel\] reduce_grads: must be one of"),
                           (['parallel.reshard_after_forward="later"'], r"\[parallel\] reshard_after_forward: must be")):
         with pytest.raises(R.RecipeError, match=message):

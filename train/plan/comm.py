@@ -233,6 +233,7 @@ class Communication:
         nodes = max(1, self.gpus // self.cluster.gpus_per_node)
         lines = [f"communication per GPU per step: {self.layout.describe()}, gradient accumulation {self.accumulation}, "
                  f"on {self.gpus} GPUs ({nodes} node{'s' if nodes > 1 else ''}; cluster {self.cluster.describe()})"]
+        lines.append(f"  gradient reduction: {R.REDUCE_GRADS[self.layout.reduce_grads]}")
         for kind, t in self.by_kind.items():
             lines.append(f"  {kind}: {t.intra / GB:.3g} GB intra-node, {t.network / GB:.3g} GB network, "
                          f"{t.seconds:.3g} s")
