@@ -219,8 +219,11 @@ def default_workers() -> int:
 
 def _check_chunk(dataset: str, jobs: list[tuple[dict, str]], limits: dict, find_zero: str) -> list[dict]:
     payload = base64.b64encode(pickle.dumps((dataset, jobs, limits, find_zero))).decode()
-    # A backstop only: every check ends within its own limits (EvalPlus's 60 s per set, plus a few s).
-    result = run_program(f"PAYLOAD = {payload!r}\n{_HARNESS}", timeout_s=120 + 130 * len(jobs), guard=False)
+    # The time limit is a backstop only: every check ends within its own limits (EvalPlus's 60 s per set,
+    # plus a few s). get_groundtruth writes its cache of expected outputs in the sandbox's directory:
+    # room for outputs well beyond the inputs' size.
+    result = run_program(f"PAYLOAD = {payload!r}\n{_HARNESS}", timeout_s=120 + 130 * len(jobs),
+                         fsize_mb=64 + 16 * (len(payload) >> 20), guard=False)
     try:
         statuses = json.loads(result.stdout_tail.strip().splitlines()[-1])
         assert len(statuses) == len(jobs)
