@@ -263,6 +263,7 @@ class EvalPlusResult:
     chat: bool
     passed: dict[str, dict[str, bool]]  # task_id -> {"base": ..., "plus": ...}
     solutions: dict[str, str]  # task_id -> the sanitized program that was run
+    raw: dict[str, str] = dataclasses.field(default_factory=dict)  # task_id -> the generated text, as it came
 
     def metrics(self) -> dict[str, float]:
         n = len(self.passed)
@@ -294,4 +295,5 @@ def evaluate_evalplus(model_fn, tokenizer, dataset: str, *, max_seq_len: int, de
     results = code_benchmark(model_fn, tokenizer, tasks, prompt=prompt, score=verdicts, device=device,
                              max_new_tokens=max_new_tokens, stop=stops(dataset, chat), max_seq_len=max_seq_len)
     return EvalPlusResult(dataset, chat, {t["task_id"]: p for t, (_, (_, p)) in zip(tasks, results)},
-                          {t["task_id"]: clean for t, (_, (clean, _)) in zip(tasks, results)})
+                          {t["task_id"]: clean for t, (_, (clean, _)) in zip(tasks, results)},
+                          {t["task_id"]: texts[0] for t, (texts, _) in zip(tasks, results)})

@@ -53,7 +53,8 @@ def report_json(report: Report, source: str, args: argparse.Namespace) -> dict:
     if report.evalplus is not None:  # task ids name their dataset ("HumanEval/0", "Mbpp/2"): one table each
         out["evalplus"] = {"datasets": [r.dataset for r in report.evalplus], "chat": args.chat,
                            "passed": {k: v for r in report.evalplus for k, v in r.passed.items()},
-                           "solutions": {k: v for r in report.evalplus for k, v in r.solutions.items()}}
+                           "solutions": {k: v for r in report.evalplus for k, v in r.solutions.items()},
+                           "raw": {k: v for r in report.evalplus for k, v in r.raw.items()}}
     return out
 
 

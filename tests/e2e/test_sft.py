@@ -118,3 +118,9 @@ def test_tiny_sft_export_chat_template_generation_and_evalplus(tmp_path):
                             "--chat", "--limit", "2", "--max-new-tokens", "8", "--device", "cpu"])
     assert report["metrics"] == {k: logged[6][k] for k in ("humaneval/pass@1", "humaneval+/pass@1")}
     assert report["evalplus"]["chat"] is True and set(report["evalplus"]["solutions"]) == {"HumanEval/0", "HumanEval/1"}
+    # The run's own checkpoint, as the loop scores it (native weights, tokenizer and the run's template):
+    # the same scores, from the very same generated text as on the export (so not merely 0 == 0).
+    native = eval_run.main(["--checkpoint", str(tmp_path / "sft"), "--evalplus", "humaneval", "--evalplus-data",
+                            str(data), "--chat", "--limit", "2", "--max-new-tokens", "8", "--device", "cpu"])
+    assert native["metrics"] == report["metrics"]
+    assert native["evalplus"]["raw"] == report["evalplus"]["raw"] and all(report["evalplus"]["raw"].values())
