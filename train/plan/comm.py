@@ -136,12 +136,23 @@ class Unit:
     resharded: bool
 
 
+_META: dict[int, tuple[object, torch.nn.Module]] = {}
+
+
+def _meta_model(config) -> torch.nn.Module:
+    """The model on the meta device, built once per config object (a sweep asks hundreds of times;
+    the config is kept with it, so its id is not reused)."""
+    if (hit := _META.get(id(config))) is None or hit[0] is not config:
+        with torch.device("meta"):
+            hit = _META[id(config)] = (config, config.build())
+    return hit[1]
+
+
 def fsdp_units(config, layout: Layout) -> list[Unit]:
     """The model's FSDP units in forward order, as ``parallelize.apply_fsdp`` shards them."""
     from models.laneformer.parallelize import fsdp_units as units, lane_placement
 
-    with torch.device("meta"):
-        model = config.build()
+    model = _meta_model(config)
     placement = lane_placement(config.n_lanes, layout.shard)
     out = []
     for name, modules, resharded in units(model, layout.reshard_after_forward):
