@@ -127,15 +127,20 @@ def _memory() -> tuple[int, int]:
 
 
 def _index_rank(directory: str, copy: bool, barrier, results, rank: int) -> None:
-    """One rank: open the source, touch its whole index (own copy or the shared maps), measure."""
+    """One rank: open the source and touch its whole index (lengths, two epochs' permutations and their
+    prefix sums), as the shared maps (now) or computed into its own memory (as the loader did before)."""
+    from data.index import ckpt_sums
+
     before = _memory()
     mixture = Mixture([SourceSpec("s", directory, weight=1.0, max_epochs=1e9)], seq_len=4096, seed=1234)
     stream = mixture.streams[0]
-    arrays = [stream.lens, stream.starts_ckpt, *stream.epoch(0), *stream.epoch(1)]
     if copy:  # the loader before: every rank builds and holds the arrays itself
-        arrays = [np.array(a) for a in arrays]
+        lens = stream.index._build_lens()
+        perms = [stream.index._build_perm(stream._key, e) for e in (0, 1)]
+        arrays = [lens, ckpt_sums(lens), *perms, *(ckpt_sums(lens[p]) for p in perms)]
+    else:
+        arrays = [stream.lens, stream.starts_ckpt, *stream.epoch(0), *stream.epoch(1)]
     touched = sum(int(a[:: max(1, 4096 // a.itemsize)].sum()) for a in arrays)  # every page
-    mixture.batch(np.arange(rank * 8, rank * 8 + 8))
     barrier.wait()  # all ranks hold it at once, as on a node
     after = _memory()
     results[rank] = (after[0] - before[0], after[1] - before[1], touched)
@@ -154,8 +159,11 @@ def index_memory(n_docs: int, ranks: tuple[int, ...] = (1, 4)) -> list[dict]:
         written = time.perf_counter() - t0
         with ctx.Manager() as manager:
             t0 = time.perf_counter()
-            p = ctx.Process(target=_index_rank, args=(str(tmp / "s"), False, ctx.Barrier(1), manager.dict(), 0))
+            barrier, results = ctx.Barrier(1), manager.dict()
+            p = ctx.Process(target=_index_rank, args=(str(tmp / "s"), False, barrier, results, 0))
             p.start(), p.join()  # builds the index files once
+            if p.exitcode:
+                raise RuntimeError("building the index failed")
             built = time.perf_counter() - t0
             for copy in (True, False):
                 for n in ranks:

@@ -178,12 +178,11 @@ def test_tokenized_chat_shards_hold_transformers_ids_and_masks(tmp_path, sp, hf)
 
 
 def test_a_recipe_template_travels_from_the_shards_to_the_export(tmp_path, capsys):
-    """A recipe's own .jinja template: the chat source is tokenized with it (data.tokenize --recipe
+    """A recipe's own .jinja template: the chat source is tokenized with it (train.data tokenize --recipe
     --source, no extra flags), the run's recipe.toml records it, and ``convert to-hf`` of the run
     writes it into tokenizer_config.json, where transformers' apply_chat_template gives the shard ids."""
     from transformers import AutoTokenizer
 
-    from data import tokenize
     from data.shards import open_source
     from eval.evalplus import chat_prompt_ids
     from models.laneformer.tokenizer import HFTokenizer
@@ -194,6 +193,7 @@ def test_a_recipe_template_travels_from_the_shards_to_the_export(tmp_path, capsy
     from tests.helpers import tiny_random_model
     from train import recipe as R
     from train.build import export_hooks
+    from train.data import main as data_main
 
     template = LLAMA2.replace("'[INST] '", "'### User:\\n'").replace("' [/INST]'", "'\\n### Assistant:'")
     (tmp_path / "mine.jinja").write_text(template)
@@ -211,7 +211,7 @@ tokenizer = "{TINY_TOKENIZER}"
 chat_template = "{tmp_path / 'mine.jinja'}"
 [[data.sources]]
 name = "chat"
-hub_id = "{tmp_path / 'raw'}"
+input = "{tmp_path / 'raw'}"
 chat_key = "messages"
 path = "{tmp_path / 'tok'}"
 weight = 1.0
@@ -224,7 +224,7 @@ steps = 1
 [checkpoint]
 export_hf = true
 """)
-    tokenize.main(["--recipe", str(recipe), "--source", "chat"])
+    assert data_main(["tokenize", "--recipe", str(recipe), "--source", "chat"]) == 0
     manifest = json.loads((tmp_path / "tok" / "manifest.json").read_text())
     assert manifest["chat"]["template"] == str(tmp_path / "mine.jinja") and manifest["loss_mask"] is True
 
