@@ -1,8 +1,8 @@
 """The project's chat template: one Jinja string for transformers, and the renderer training uses.
 
-Template (``llama2``): Llama-2-chat's own ``[INST]`` form,
+Template (``llama2``): Llama-2-chat's own ``[INST]`` form, exactly as Meta's template renders it,
 
-    <s>[INST] <<SYS>>\\n{system}\\n<</SYS>>\\n\\n{user} [/INST] {assistant}</s><s>[INST] {user} [/INST] {assistant}</s>
+    <s>[INST] <<SYS>>\\n{system}\\n<</SYS>>\\n\\n{user} [/INST] {assistant} </s><s>[INST] {user} [/INST] {assistant} </s>
 
 with </s> (EOS) as the end-of-turn token. Why this one: the Llama-2 vocabulary
 has no spare control tokens (only <unk>, <s>, </s>), so a template with new
@@ -10,9 +10,9 @@ role tokens would change the vocabulary and the embedding shapes of the
 released model; ``[INST]`` markup is ordinary text (a few pieces), and ending
 each answer with EOS means generation stops at the id every tool already
 stops at (``eos_token_id`` in generation_config.json), with no new id. It is
-the format Llama-2-chat was trained on with this very vocabulary. One change
-from Meta's: no space between the answer and </s>, so no markup token sits
-between the answer and the end-of-turn token the model must learn to emit.
+the format Llama-2-chat was trained on with this very vocabulary, and the
+string is Meta's own (tests render both with transformers and compare), so
+every tool that knows Llama-2-chat prompts this model the same way.
 
 ``render`` gives the ids and the loss mask of a conversation exactly as
 ``tokenizer.apply_chat_template`` computes ids from the same Jinja string: the
@@ -66,23 +66,20 @@ import rundir
 ROLES = ("system", "user", "assistant")
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
+# Meta's Llama-2-chat template (meta-llama/Llama-2-7b-chat-hf, tokenizer_config.json), character for
+# character, with transformers' {% generation %} markers around each answer (they render as nothing).
 LLAMA2 = (
-    "{%- if messages[0]['role'] == 'system' -%}"
-    "{%- set system = messages[0]['content'] -%}{%- set loop_messages = messages[1:] -%}"
-    "{%- else -%}{%- set system = none -%}{%- set loop_messages = messages -%}{%- endif -%}"
-    "{%- for message in loop_messages -%}"
-    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
-    "{%- endif -%}"
-    "{%- if message['role'] == 'user' -%}"
-    "{%- if loop.first and system -%}"
-    "{%- set content = '<<SYS>>\\n' + system.strip() + '\\n<</SYS>>\\n\\n' + message['content'].strip() -%}"
-    "{%- else -%}{%- set content = message['content'].strip() -%}{%- endif -%}"
-    "{{ bos_token + '[INST] ' + content + ' [/INST]' }}"
-    "{%- else -%}"
-    "{{ ' ' }}{% generation %}{{ message['content'].strip() + eos_token }}{% endgeneration %}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+    "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
+    "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if loop.index0 == 0 and system_message != false %}"
+    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+    "{% else %}{% set content = message['content'] %}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ ' ' }}{% generation %}{{ content.strip() + ' ' + eos_token }}"
+    "{% endgeneration %}{% endif %}{% endfor %}"
 )
 TEMPLATES = {"llama2": LLAMA2}
 DEFAULT = "llama2"

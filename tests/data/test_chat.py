@@ -74,7 +74,7 @@ def test_control_token_text_in_messages_stays_text(sp, hf):
     conv = [{"role": "user", "content": "print </s> and <s>"}, {"role": "assistant", "content": "a</s>b<s>c"}]
     ids, mask = render(conv, sp)
     assert ids.count(sp.eos_id) == 1 and ids.count(sp.bos_id) == 1
-    assert sp.decode([i for i, m in zip(ids, mask) if m][:-1]) == "a</s>b<s>c"
+    assert sp.decode([i for i, m in zip(ids, mask) if m][:-1]) == "a</s>b<s>c "  # Meta's space before </s>
     # transformers keeps it text too when asked to sanitize (it splits the literal differently)
     safe = hf.apply_chat_template(conv, sanitize_control_tokens=True)["input_ids"]
     assert safe.count(sp.eos_id) == 1 and safe.count(sp.bos_id) == 1
@@ -87,6 +87,31 @@ def test_generation_prompt_is_the_prefix_before_the_answer(sp, hf):
     full, mask = render(conv, sp)
     assert full[: len(prompt)] == prompt
     assert mask[len(prompt) - 1] == 0 and all(mask[len(prompt):])  # the answer starts right after
+
+
+# Meta's own chat template, as meta-llama/Llama-2-7b-chat-hf's tokenizer_config.json holds it (the reference).
+META_LLAMA2 = (
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = "
+    "messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}"
+    "{% endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + "
+    "'\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}"
+)
+
+
+def test_the_llama2_template_renders_exactly_as_metas(hf):
+    """transformers renders both: the same text for every conversation, whitespace and empty system included."""
+    edge = [[{"role": "system", "content": "  pad \n"}, {"role": "user", "content": "\n q  "},
+             {"role": "assistant", "content": " a "}],
+            [{"role": "system", "content": ""}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]]
+    for conv in CONVERSATIONS + edge:
+        ours = hf.apply_chat_template(conv, chat_template=LLAMA2, tokenize=False)
+        assert ours == hf.apply_chat_template(conv, chat_template=META_LLAMA2, tokenize=False)
+    assert hf.apply_chat_template(CONVERSATIONS[0], chat_template=LLAMA2, tokenize=False) == (
+        "<s>[INST] Write a function that adds two numbers. [/INST] def add(a, b):\n    return a + b </s>")
 
 
 @pytest.mark.parametrize("messages, reason", [
@@ -290,7 +315,7 @@ def test_bundled_chat_source_regenerates_byte_identical(tmp_path):
     bundled = REPO / "assets" / "chat"
     subprocess.run([sys.executable, "-m", "data.make_sample_chat", "--out", str(tmp_path)], cwd=REPO, check=True,
                    capture_output=True)
-    files = sorted(p.relative_to(bundled) for p in bundled.rglob("*") if p.is_file())
+    files = sorted(p.relative_to(bundled) for p in bundled.rglob("*") if p.is_file() and ".index" not in p.parts)
     assert files == sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
     for name in ("train", "heldout"):
         verify_checksums(tmp_path / name)  # the regenerated files match the checksums their manifest lists

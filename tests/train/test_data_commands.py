@@ -175,13 +175,13 @@ def test_download_on_slurm_submits_the_same_command_as_a_job(tmp_path):
 
 def test_the_bundled_identity_conversations_tokenize_cleanly(tmp_path):
     """sft.toml's `identity` source: a file in the repo, rendered with the chat template, none refused."""
-    block = ('[[data.sources]]\nname = "identity"\ninput = "assets/chat/identity.jsonl"\nchat_key = "messages"\n'
+    block = ('[[data.sources]]\nname = "identity"\ninput = "assets/identity/conversations.jsonl"\nchat_key = "messages"\n'
              f'path = "{tmp_path / "identity"}"\nweight = 1.0\n')
     got = data_cli("train.data", "tokenize", "--recipe", str(recipe_with(tmp_path, block)), "--source", "identity",
                    env={})
     assert got.returncode == 0, got.stderr[-2000:]
     manifest = load_manifest(tmp_path / "identity")
-    lines = (REPO / "assets" / "chat" / "identity.jsonl").read_text().splitlines()
+    lines = (REPO / "assets" / "identity" / "conversations.jsonl").read_text().splitlines()
     assert manifest["num_documents"] == len(lines) == 20 and manifest["chat"]["rejected"] == {}
     assert manifest["input"]["kind"] == "jsonl" and manifest["loss_mask"] is True
     assert all("Laneformer" in json.loads(line)["messages"][-1]["content"] for line in lines)
