@@ -82,6 +82,7 @@ class Setting:
     memory: Memory | None = None
     speed: Speed | None = None
     comm: Communication | None = None  # the layout's communication at this point
+    shard: int | None = None  # the shard degree memory and roofline were traced at
 
     @property
     def peak(self) -> int:
@@ -132,22 +133,22 @@ def sweep(recipe: R.Recipe, config, gpus: int, gpu: Gpu, cluster: Cluster) -> Sw
             for mb in MICRO_BATCHES:
                 acc = _accumulation(recipe, mb, gpus)
                 if mb not in memory:
-                    settings.append(Setting(ac, mb, acc))
+                    settings.append(Setting(ac, mb, acc, shard=shard))
                     continue
                 speed = roofline(config, dataclasses.replace(shape, micro_batch=mb), gpu, accumulation=acc or 1)
                 for layout in (layout for layout in layouts if layout.shard == shard):
                     comm = acc and communication(config, layout, speed, cluster, gpus=gpus, accumulation=acc,
                                                  param_dtype=shape.param_dtype, reduce_dtype=shape.reduce_dtype)
-                    settings.append(Setting(ac, mb, acc, memory[mb], speed, comm or None))
+                    settings.append(Setting(ac, mb, acc, memory[mb], speed, comm or None, shard))
     return Sweep(gpus, gpu, cluster, settings)
 
 
 def sweep_lines(sw: Sweep, recipe: R.Recipe) -> list[str]:
     lines = [f"sweep on {sw.gpus} x {sw.gpu.label} (roofline: {ROOFLINE_NOTE}):"]
-    for shard in dict.fromkeys(s.comm.layout.shard for s in sw.settings if s.comm):
+    for shard in dict.fromkeys(s.shard for s in sw.settings):
         rows, seen = [], set()
         for s in sw.settings:
-            if (s.comm and s.comm.layout.shard != shard) or (s.ac, s.micro_batch) in seen:
+            if s.shard != shard or (s.ac, s.micro_batch) in seen:
                 continue
             seen.add((s.ac, s.micro_batch))
             if s.memory is None:
