@@ -138,36 +138,50 @@ class _LaneMatmul(torch.autograd.Function):
         return dx, dw
 
 
-def normed_lane_matmul(x: torch.Tensor, norm: RMSNorm, *linears: LaneLinear) -> torch.Tensor:
+class LaneRMSNorm(RMSNorm):
+    """torchtitan's RMSNorm (same parameter, same values) that can also return 1/rms."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(RMSNorm.Config):
+        pass
+
+    def with_rstd(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``self(x)``, 1/rms(x) in fp32): ``F.rms_norm``'s own kernel, which computes both."""
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        return torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], self.weight, eps)
+
+
+def normed_lane_matmul(x: torch.Tensor, norm: LaneRMSNorm, *linears: LaneLinear) -> torch.Tensor:
     """``cat([lin(norm(x)) for lin in linears], -1)``: the row lane linears that read one norm, as one step.
 
     ``x: [B, S, L, D]``; the weights ``[L, out_i, D]`` are concatenated on ``out`` for the matmul only,
     so parameters, checkpoints and exports keep one tensor per linear.
     """
     B, S, L, D = x.shape
-    eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
-    y = _NormedLaneMatmul.apply(x.reshape(B * S, L, D), norm.weight, eps, *(lin.weight for lin in linears))
+    x = x.reshape(B * S, L, D)
+    with torch.no_grad():  # the norm's gradients come from _NormedLaneMatmul's backward
+        xn, rstd = norm.with_rstd(x)
+    y = _NormedLaneMatmul.apply(x, xn, rstd, norm.weight, *(lin.weight for lin in linears))
     return y.reshape(B, S, L, -1)
 
 
 class _NormedLaneMatmul(torch.autograd.Function):
-    """``y[:, l] = rmsnorm(x[:, l]) @ cat(ws)[l]^T`` for ``x: [N, L, D]``, ``ws[i]: [L, out_i, D]``.
+    """``y[:, l] = xn[:, l] @ cat(ws)[l]^T`` for ``xn = rmsnorm(x): [N, L, D]``, ``ws[i]: [L, out_i, D]``,
+    differentiated with respect to ``x``, the norm weight and ``ws``.
 
     Why: the row linears that read one norm (q, k, v; w1, w3) are one matmul, so the normed
     tensor is read once and their input gradients are one matmul instead of three (two) plus
     the adds that sum them; and the normed lane-wide tensor is not saved for backward, which
     keeps only ``x`` (the residual stream, held anyway) and ``r = 1/rms(x)`` per lane row.
-    Forward is RMSNorm's own kernel then the matmul, so values equal ``norm`` then the
-    separate linears bit for bit. Backward needs no normed tensor: with ``W' = W * g`` (``g``
-    the norm weight), ``dW' = (r g_y)^T x``, ``dW = dW' * g``, ``dg = sum(dW' * W)``, and
+    The forward is the norm's own kernel and the matmul, so values equal ``norm`` then the
+    separate linears bit for bit. The backward needs no normed tensor: with ``W' = W * g``
+    (``g`` the norm weight), ``dW' = (r g_y)^T x``, ``dW = dW' * g``, ``dg = sum(dW' * W)``, and
     RMSNorm's ``dx = u - x r^2 (x . u) / D`` with ``u = (r g_y) @ W'``.
     """
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")
-    def forward(ctx, x, norm_weight, eps, *weights):
-        # F.rms_norm's kernel, which also returns 1/rms (fp32) for the backward.
-        xn, r = torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], norm_weight, eps)
+    def forward(ctx, x, xn, r, norm_weight, *weights):
         ctx.save_for_backward(x, norm_weight, r, *weights)
         return torch.bmm(xn.transpose(0, 1), torch.cat(weights, dim=1).transpose(1, 2)).transpose(0, 1)
 
@@ -184,9 +198,9 @@ class _NormedLaneMatmul(torch.autograd.Function):
             dot = (x * u).sum(dim=-1, keepdim=True, dtype=r.dtype)
             dx = torch.addcmul(u, x, (dot * r.square() / D).to(x.dtype), value=-1)
         dw = torch.bmm(gz.transpose(1, 2), x.transpose(0, 1))  # [L, out, D], the weight scaled by the norm's
-        dnorm = (dw * w).sum(dim=(0, 1)) if ctx.needs_input_grad[1] else None
+        dnorm = (dw * w).sum(dim=(0, 1)) if ctx.needs_input_grad[3] else None
         dws = (dw * norm_weight).split([w.shape[1] for w in weights], dim=1)
-        return dx, dnorm, None, *dws
+        return dx, None, None, dnorm, *dws
 
 
 class LaneAttention(Module):
@@ -221,7 +235,7 @@ class LaneAttention(Module):
         self.rope = config.rope.build()
         self.inner_attention = config.inner_attention.build()
 
-    def forward(self, x, norm: RMSNorm, attention_mask: BlockMask, positions: torch.Tensor | None):
+    def forward(self, x, norm: LaneRMSNorm, attention_mask: BlockMask, positions: torch.Tensor | None):
         """Attention of ``norm(x)`` (the norm is applied inside the q/k/v matmul: ``normed_lane_matmul``)."""
         B, S, L, _ = x.shape
         # Lane-major head order: lane l owns heads [l*H/L, (l+1)*H/L), so the
@@ -256,7 +270,7 @@ class LaneFeedForward(Module):
         self.w3 = LaneLinear.Config(n_lanes=L, in_features=config.dim, out_features=h, param_init=config.w2w3_init).build()
         self.w2 = LaneLinear.Config(n_lanes=L, in_features=h, out_features=config.dim, param_init=config.w2w3_init).build()
 
-    def forward(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, norm: LaneRMSNorm) -> torch.Tensor:
         """The MLP of ``norm(x)``; w1 and w3 are one matmul that applies the norm (``normed_lane_matmul``)."""
         gate, up = normed_lane_matmul(x, norm, self.w1, self.w3).chunk(2, dim=-1)
         return self.w2(F.silu(gate) * up)
@@ -315,8 +329,8 @@ class LaneBlock(Module):
     class Config(Module.Config):
         attention: LaneAttention.Config
         feed_forward: LaneFeedForward.Config
-        attention_norm: RMSNorm.Config
-        ffn_norm: RMSNorm.Config
+        attention_norm: LaneRMSNorm.Config
+        ffn_norm: LaneRMSNorm.Config
         reduce: Reduce = "own"
         sends: bool = True
         window: int | None = None
@@ -429,8 +443,8 @@ class Laneformer(BaseModel):
                     dim=self.dim, n_lanes=self.n_lanes, hidden_dim=self.ffn_hidden_dim,
                     w1_init=linear, w2w3_init=out,
                 ),
-                attention_norm=RMSNorm.Config(normalized_shape=self.dim, eps=self.norm_eps, param_init=norm),
-                ffn_norm=RMSNorm.Config(normalized_shape=self.dim, eps=self.norm_eps, param_init=norm),
+                attention_norm=LaneRMSNorm.Config(normalized_shape=self.dim, eps=self.norm_eps, param_init=norm),
+                ffn_norm=LaneRMSNorm.Config(normalized_shape=self.dim, eps=self.norm_eps, param_init=norm),
                 reduce=reduce,
                 sends=sends,
                 window=self.window_of(layer),

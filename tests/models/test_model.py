@@ -293,12 +293,11 @@ def test_residual_updates_follow_the_spec_formula(variant):
 def test_the_normed_lane_matmul_equals_norm_then_separate_matmuls_forward_and_backward():
     """One matmul for q/k/v with the norm folded in: the values and every gradient of
     ``rmsnorm(x) @ w_i^T`` per lane with separate weights (float64, plain autograd)."""
-    from models.laneformer.model import LaneLinear, normed_lane_matmul
-    from torchtitan.models.common import RMSNorm
+    from models.laneformer.model import LaneLinear, LaneRMSNorm, normed_lane_matmul
 
     torch.manual_seed(0)
     L, D, outs = 4, 16, (8, 4, 4)
-    norm = RMSNorm.Config(normalized_shape=D, eps=1e-5).build().double()
+    norm = LaneRMSNorm.Config(normalized_shape=D, eps=1e-5).build().double()
     linears = [LaneLinear.Config(n_lanes=L, in_features=D, out_features=o).build().double() for o in outs]
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)

@@ -75,7 +75,7 @@ def test_the_roofline_optimizer_shard_follows_fsdps_placement():
 
 def test_a_tiny_plan_prints_every_line_tools_read():
     result = subprocess.run([sys.executable, "train.py", "--recipe", "tiny.toml", "--plan", "--gpus", "2",
-                             "--gpu", "h200", "--ops", "--sweep"],
+                             "--gpu", "h200", "--ops", "--compiled", "--sweep"],
                             cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
@@ -90,6 +90,11 @@ def test_a_tiny_plan_prints_every_line_tools_read():
                     r"^lanes/dense roofline step ratio: [\d.]+",
                     r"stand-in that saves what flex attention saves \(q, k, v, output, logsumexp\)",
                     r"^per-op roofline of layer 2",
+                    r"^compiled roofline: [\d,]+ tokens/s/GPU, MFU [\d.]+% \(estimate: Inductor's fused kernels .*"
+                    r"ignores communication",
+                    r"^lanes/dense compiled roofline step ratio: [\d.]+$",
+                    r"^compiled kernels of layer 2, one micro batch",
+                    r"^in passes over one lane-wide tensor",
                     r"^recommended: micro batch \d+, activation checkpointing (none|selective|full) .*"
                     r"gradient accumulation \d+ keeps 16 sequences per step on 2 GPUs$"):
         assert re.search(pattern, out, re.M), pattern
@@ -103,3 +108,41 @@ def test_dry_run_refuses_a_plan_beyond_max_epochs():
                             cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "prose (" in result.stderr and "epochs > max_epochs=4.0" in result.stderr
+
+
+def test_plan_json_carries_the_numbers_of_the_text():
+    args = [sys.executable, "train.py", "--recipe", "tiny.toml", "--plan", "--gpus", "2"]
+    text, js = (subprocess.run(args + extra, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+                for extra in ([], ["--json"]))
+    assert js.returncode == 0, js.stderr[-3000:]
+    plan = __import__("json").loads(js.stdout)
+    peak = re.search(r"^peak memory per GPU: ([\d.]+) GiB", text.stdout, re.M)
+    assert plan["memory"]["peak_gib"] == pytest.approx(float(peak.group(1)), abs=0.006)
+    for key, label in (("roofline", "roofline"), ("compiled", "compiled roofline")):
+        tps = re.search(rf"^{label}: ([\d,]+) tokens/s/GPU", text.stdout, re.M).group(1)
+        speed = plan[key] if key == "roofline" else plan[key]["roofline"]
+        assert round(speed["tokens_per_s"]) == int(tps.replace(",", ""))
+    ratio = re.search(r"^lanes/dense compiled roofline step ratio: ([\d.]+)$", text.stdout, re.M).group(1)
+    assert plan["compiled"]["lanes_dense_ratio"] == pytest.approx(float(ratio), abs=0.006)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["lanes", "dense"])
+def test_the_compiled_estimate_sees_every_matmul_of_forward_and_backward(tiny, dense):
+    """Inductor's kernels of one layer carry 2 x 3 x (layer weights) FLOPs per token in their matmuls
+    (forward, input and weight gradients) and the flex kernel's FLOPs for attention."""
+    import torch
+
+    from train.plan import compiled
+
+    recipe, config = tiny
+    shape = P.Shape.of(recipe, 2, micro_batch=2, seq_len=64)
+    layer = config.n_layers // 2
+    kernels = compiled._layer_kernels(config, layer, shape, dense)
+    with torch.device("meta"):
+        block = config.layer_config(layer).build()
+    weights = sum(p.numel() for name, p in block.named_parameters() if "norm" not in name)
+    tokens = shape.micro_batch * shape.seq_len
+    assert sum(k.flops for k in kernels if k.kind == "extern") == 6 * weights * tokens
+    pairs = P._visible_pairs(shape.seq_len, config.window_of(layer) or 0)
+    attention = 2 * 2 * shape.micro_batch * config.n_heads * config.head_dim * pairs
+    assert sum(k.flops for k in kernels if k.kind == "attention") == attention * (1 + 5 / 2)

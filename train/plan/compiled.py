@@ -193,6 +193,11 @@ class CompiledEstimate:
     dense_kernels: list[Kernel]
     gpu: Gpu
     dtype: str
+    lane_tensor_bytes: int  # one [micro batch, seq, lanes, dim] tensor in the param dtype
+
+    def passes(self, kernels: list[Kernel], kind: str | None = None) -> float:
+        """Bytes the kernels move, in passes over one lane-wide tensor (read or written once)."""
+        return sum(k.bytes for k in kernels if kind is None or k.kind == kind) / self.lane_tensor_bytes
 
     def lines(self) -> list[str]:
         lines = [self.lanes.line("compiled roofline", COMPILED_NOTE)]
@@ -225,6 +230,10 @@ class CompiledEstimate:
                      *(f"{sum(k.bytes for k in ks) / 1e9:.3f}" for ks in sides.values()),
                      *(f"{sum(map(ms, ks)):.3f}" for ks in sides.values())])
         lines += text_table(["kernels", "lanes n", "dense n", "lanes GB", "dense GB", "lanes ms", "dense ms"], rows)
+        lines.append("in passes over one lane-wide tensor (bytes / " f"{self.lane_tensor_bytes / 1e9:.3f} GB): "
+                     + "; ".join(f"{side} {self.passes(ks):.1f} (fused kernels {self.passes(ks, 'fused'):.1f}, "
+                                 f"matmuls and other extern kernels {self.passes(ks, 'extern'):.1f})"
+                                 for side, ks in sides.items()))
         for side, ks in sides.items():
             total = sum(map(ms, ks)) or 1e-30
             ranked = sorted(ks, key=ms, reverse=True)
@@ -282,5 +291,7 @@ def compiled_estimate(config, shape: Shape, gpu: Gpu, lanes: Speed, dense: Speed
 
     lane_kernels = _layer_kernels(config, layer, shape, False)
     dense_kernels = _layer_kernels(config, layer, shape, True) if dense is not None else []
+    lane_tensor = shape.micro_batch * shape.seq_len * config.n_lanes * config.dim
     return CompiledEstimate(layer, speed(lanes, lane_kernels), dense and speed(dense, dense_kernels),
-                            lane_kernels, dense_kernels, gpu, shape.param_dtype)
+                            lane_kernels, dense_kernels, gpu, shape.param_dtype,
+                            lane_tensor * getattr(torch, shape.param_dtype).itemsize)

@@ -96,6 +96,10 @@ class FusedRMSNorm(RMSNorm):
     def forward(self, x):
         return torch.ops.laneplan.rms_norm(x, self.weight, self.eps or 0.0)[0]
 
+    def with_rstd(self, x):
+        """``models.laneformer.model.LaneRMSNorm.with_rstd``: the same kernel's two outputs."""
+        return torch.ops.laneplan.rms_norm(x, self.weight, self.eps or 0.0)
+
 
 class AttentionStandIn(FlexAttention):
     """Flex attention's inputs, outputs and saved tensors, on fake tensors (the stand-in operator)."""
