@@ -28,7 +28,8 @@ import torch
 
 from . import dist
 from .load import load_checkpoint
-from .suite import Report, run_evals
+from .spec import EvalSpec, EvalSpecError, default
+from .suite import Report, evalplus_files, run_evals
 
 TASK_FLAGS = "--core/--lm-eval/--humaneval/--evalplus"
 
@@ -58,39 +59,25 @@ def report_json(report: Report, source: str, args: argparse.Namespace) -> dict:
     return out
 
 
-def evalplus_datasets(spec: str) -> list[str]:
-    """``--evalplus humaneval,mbpp`` -> ["humaneval", "mbpp"] (argparse type: a bad name is a usage error)."""
-    from .evalplus import RELEASES
-
-    names = [n.strip() for n in spec.split(",")]
-    bad = [n for n in names if n not in RELEASES]
-    if bad or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"{spec!r}: expected a comma list of distinct {sorted(RELEASES)}")
-    return names
+def evalplus_datasets(value: str) -> list[str]:
+    """``--evalplus humaneval,mbpp`` -> ["humaneval", "mbpp"], checked by EvalSpec (argparse type: a bad
+    name is a usage error)."""
+    try:
+        return EvalSpec(evalplus=value).evalplus_datasets
+    except EvalSpecError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def evalplus_files(datasets: list[str], spec: str | None) -> list[Path | None]:
-    """The release file of each dataset: ``--evalplus-data`` as a folder holding the releases under
-    their own names (HumanEvalPlus.jsonl(.gz), MbppPlus.jsonl(.gz)) or one file per dataset, in order;
-    None (no ``--evalplus-data``): EvalPlus's cache or download, per dataset."""
-    from .evalplus import RELEASES, EvalPlusDataError
-
-    if spec is None:
-        return [None] * len(datasets)
-    if Path(spec).is_dir():
-        out = []
-        for d in datasets:
-            names = [f"{RELEASES[d][0]}.jsonl{ext}" for ext in (".gz", "")]
-            found = [Path(spec) / n for n in names if (Path(spec) / n).is_file()]
-            if not found:
-                raise EvalPlusDataError(f"{spec}: --evalplus-data: no {' or '.join(names)} for --evalplus {d}")
-            out.append(found[0])
-        return out
-    files = [Path(f) for f in spec.split(",")]
-    if len(files) != len(datasets):
-        raise ValueError(f"--evalplus-data {spec}: {len(files)} file(s) for {len(datasets)} datasets "
-                         f"({','.join(datasets)}): give one per dataset, in that order, or a folder holding them")
-    return files
+def spec_of(args: argparse.Namespace) -> EvalSpec:
+    """The EvalSpec the flags ask for (``--limit``, ``--max-new-tokens`` serve every benchmark)."""
+    return EvalSpec(core_bundle=args.core, core_max_per_task=args.max_per_task,
+                    core_tasks=args.core_tasks.split(",") if args.core_tasks else None,
+                    lm_eval_tasks=args.lm_eval, lm_eval_limit=args.limit,
+                    humaneval=args.humaneval, humaneval_limit=args.limit, humaneval_samples=args.samples,
+                    humaneval_temperature=args.temperature, humaneval_max_new_tokens=args.max_new_tokens,
+                    evalplus=args.evalplus and ",".join(args.evalplus), evalplus_data=args.evalplus_data, evalplus_limit=args.limit,
+                    evalplus_chat=args.chat, evalplus_max_new_tokens=args.max_new_tokens,
+                    evalplus_find_zero=args.evalplus_find_zero)
 
 
 def init_distributed() -> str | None:
@@ -118,7 +105,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                    "export's or import's files, else the run's recipe.toml [data] tokenizer)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CUDA when present)")
     p.add_argument("--core", metavar="BUNDLE", help="CORE bundle folder (tasks.csv + eval_data/)")
-    p.add_argument("--max-per-task", type=int, default=None, help="CORE items per task (default: all)")
+    p.add_argument("--max-per-task", type=int, default=default("core_max_per_task"),
+                   help="CORE items per task (default: all)")
     p.add_argument("--core-tasks", help="comma-separated CORE labels (the rest count as missing)")
     p.add_argument("--lm-eval", metavar="TASKS", help="JSON/YAML file of lm-eval task dicts")
     p.add_argument("--humaneval", action="store_true", help="HumanEval pass@k (runs model code in a sandbox)")
@@ -127,27 +115,31 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--evalplus-data", metavar="FOLDER|FILE,FILE", help="a folder holding HumanEvalPlus.jsonl(.gz) "
                    "and MbppPlus.jsonl(.gz), or one release file per --evalplus dataset, in order")
     p.add_argument("--chat", action="store_true", help="EvalPlus instruct prompts through the chat template")
-    p.add_argument("--evalplus-find-zero", choices=("fixed", "released"), default="fixed",
+    p.add_argument("--evalplus-find-zero", choices=("fixed", "released"), default=default("evalplus_find_zero"),
                    help="HumanEval/32: upstream's fix (default) or evalplus 0.3.1 as released, which fails every "
                         "find_zero solution")
-    p.add_argument("--limit", type=int, default=None, help="documents per lm-eval task / HumanEval problems")
-    p.add_argument("--samples", type=int, default=1, help="HumanEval samples per problem")
-    p.add_argument("--temperature", type=float, default=0.0, help="HumanEval sampling temperature (0: greedy)")
-    p.add_argument("--max-new-tokens", type=int,
+    p.add_argument("--limit", type=int, default=default("lm_eval_limit"),
+                   help="documents per lm-eval task / HumanEval problems / EvalPlus tasks (default: all)")
+    p.add_argument("--samples", type=int, default=default("humaneval_samples"), help="HumanEval samples per problem")
+    p.add_argument("--temperature", type=float, default=default("humaneval_temperature"),
+                   help="HumanEval sampling temperature (0: greedy)")
+    p.add_argument("--max-new-tokens", type=int, default=default("evalplus_max_new_tokens"),
                    help="completion length limit (default: each benchmark's own: HumanEval 512, EvalPlus 768)")
     p.add_argument("--out", help="write the results as JSON here")
     args = p.parse_args(argv)
     if not (args.core or args.lm_eval or args.humaneval or args.evalplus):
         p.error(f"nothing to evaluate: pass {TASK_FLAGS}")
 
-    try:  # bad input (a --set, a checkpoint that is not one, a config that does not fit it): exit 2
+    try:  # bad input (a --set, a bad value, a checkpoint that is not one, a config that does not fit it): exit 2
         overrides = parse_overrides(args.set)
+        spec = spec_of(args)
         evalplus_tasks = None
-        if args.evalplus:  # a missing release file is bad input too: say so before loading the model
+        if spec.evalplus:  # a missing release file is bad input too: say so before loading the model
             from .evalplus import load_tasks
 
-            evalplus_tasks = [load_tasks(d, f, args.limit)
-                              for d, f in zip(args.evalplus, evalplus_files(args.evalplus, args.evalplus_data))]
+            datasets = spec.evalplus_datasets
+            evalplus_tasks = [load_tasks(d, f, spec.evalplus_limit)
+                              for d, f in zip(datasets, evalplus_files(datasets, spec.evalplus_data))]
         device = init_distributed() or args.device
         loaded = load_checkpoint(args.checkpoint, flavor=args.flavor, overrides=overrides,
                                  tokenizer_path=args.tokenizer, device=device)
@@ -156,17 +148,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     log = print if dist.rank() == 0 else None
     for note in loaded.notes if log else ():
         log(note)
-    report = run_evals(
-        loaded.model_fn, loaded.tokenizer, max_seq_len=loaded.max_seq_len, device=loaded.device,
-        core_bundle=args.core, max_per_task=args.max_per_task,
-        core_tasks=args.core_tasks.split(",") if args.core_tasks else None,
-        lm_eval_tasks=args.lm_eval, limit=args.limit,
-        humaneval=args.humaneval, humaneval_limit=args.limit, samples=args.samples,
-        evalplus=args.evalplus, evalplus_tasks=evalplus_tasks, evalplus_find_zero=args.evalplus_find_zero,
-        chat=args.chat,
-        chat_template=checkpoint_template(args.checkpoint) if args.chat else None,  # a run's: the one it tuned with
-        temperature=args.temperature, max_new_tokens=args.max_new_tokens, log=log,
-    )
+    report = run_evals(loaded.model_fn, loaded.tokenizer, spec, max_seq_len=loaded.max_seq_len, device=loaded.device,
+                       log=log, evalplus_tasks=evalplus_tasks,
+                       chat_template=checkpoint_template(args.checkpoint) if args.chat else None)  # a run's: the one it tuned with
     rank = dist.rank()
     if dist.distributed():
         torch.distributed.destroy_process_group()

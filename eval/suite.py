@@ -1,9 +1,9 @@
 """One entry point for every evaluation, used by ``eval.run`` and the trainer.
 
-``evaluate(model_fn, tokenizer, ...)`` returns flat ``name -> float`` metrics
+``evaluate(model_fn, tokenizer, spec)`` returns flat ``name -> float`` metrics
 (``core/...``, ``lm_eval/...``, ``humaneval/...``), the same on every rank;
 ``run_evals`` returns the detailed results (``Report``) that ``eval.run``
-prints and writes. Every rank must call them with the same arguments; the
+prints and writes. Every rank must call them with the same spec; the
 model should be in eval mode (forwards run under ``torch.no_grad``).
 """
 
@@ -17,6 +17,7 @@ import torch
 
 from . import dist
 from .core import CoreResult, evaluate_core
+from .spec import EvalSpec
 
 
 @dataclasses.dataclass
@@ -41,55 +42,73 @@ class Report:
         return out
 
 
-def run_evals(model_fn, tokenizer, *, max_seq_len: int, device: torch.device | str = "cpu",
-              core_bundle: str | Path | None = None, max_per_task: int | None = 500, core_tasks=None,
-              lm_eval_tasks: list[dict] | str | Path | None = None, limit: int | float | None = None,
-              humaneval: bool = False, humaneval_limit: int | None = None, samples: int = 1,
-              temperature: float = 0.0, max_new_tokens: int | None = None, log: Callable[[str], None] | None = None,
-              evalplus: str | Sequence[str] | None = None, evalplus_data: str | Path | None = None,
-              evalplus_limit: int | None = None, evalplus_tasks: Sequence[list[dict]] | None = None,
-              evalplus_find_zero: str = "fixed", chat: bool = False, chat_template: str | None = None) -> Report:
-    """Run the requested evaluations: CORE (``core_bundle``), lm-eval tasks, HumanEval,
-    EvalPlus (``evalplus``: "humaneval", "mbpp" or a list of both, read from ``evalplus_data``
-    (one dataset) or given as ``evalplus_tasks`` (one task list per dataset, already loaded),
-    ``evalplus_find_zero`` "fixed" or "released" (eval.evalplus);
-    ``chat``: its instruct prompts, through ``chat_template``, a data.chat spec, unless the
-    tokenizer is an export's with its own). ``max_new_tokens`` None: each benchmark's own limit
-    (HumanEval 512, EvalPlus 768, as their harnesses generate)."""
+def run_evals(model_fn, tokenizer, spec: EvalSpec, *, max_seq_len: int, device: torch.device | str = "cpu",
+              log: Callable[[str], None] | None = None, chat_template: str | None = None,
+              evalplus_tasks: Sequence[list[dict]] | None = None) -> Report:
+    """Run the evaluations ``spec`` asks for (its ``val_sources`` are the trainer's): CORE, lm-eval
+    tasks, HumanEval, EvalPlus. ``chat_template``: the model's, a data.chat spec, for EvalPlus's
+    instruct prompts (unless the tokenizer is an export's with its own); ``evalplus_tasks``: one
+    task list per ``spec.evalplus`` dataset, already loaded (else read from ``spec.evalplus_data``)."""
     report = Report()
-    length = {"max_new_tokens": max_new_tokens} if max_new_tokens else {}  # else each benchmark's own
-    if core_bundle is not None:
-        report.core = evaluate_core(model_fn, tokenizer, core_bundle, max_seq_len=max_seq_len,
-                                    max_per_task=max_per_task, labels=core_tasks, device=device, log=log)
+    if spec.core_bundle is not None:
+        report.core = evaluate_core(model_fn, tokenizer, spec.core_bundle, max_seq_len=max_seq_len,
+                                    max_per_task=spec.core_max_per_task, labels=spec.core_tasks, device=device,
+                                    log=log)
         if log:
             log(report.core.summary())
-    if lm_eval_tasks is not None:
+    if spec.lm_eval_tasks is not None:
         from .lm_harness import LaneformerLM, load_task_file, run_lm_eval
 
-        tasks = lm_eval_tasks if isinstance(lm_eval_tasks, list) else load_task_file(lm_eval_tasks)
         lm = LaneformerLM(model_fn, tokenizer, max_seq_len=max_seq_len, device=device)
-        report.lm_eval = dist.broadcast_object(run_lm_eval(lm, tasks, limit=limit))
-    if humaneval:
+        report.lm_eval = dist.broadcast_object(run_lm_eval(lm, load_task_file(spec.lm_eval_tasks),
+                                                           limit=spec.lm_eval_limit))
+    if spec.humaneval:
         from .humaneval import evaluate_humaneval
 
+        length = {"max_new_tokens": spec.humaneval_max_new_tokens} if spec.humaneval_max_new_tokens else {}
         report.humaneval = evaluate_humaneval(model_fn, tokenizer, max_seq_len=max_seq_len, device=device,
-                                              limit=humaneval_limit, samples=samples, temperature=temperature,
-                                              **length)
-    if evalplus:
-        from .evalplus import evaluate_evalplus
+                                              limit=spec.humaneval_limit, samples=spec.humaneval_samples,
+                                              temperature=spec.humaneval_temperature, **length)
+    if spec.evalplus:
+        from .evalplus import evaluate_evalplus, load_tasks
 
-        datasets = [evalplus] if isinstance(evalplus, str) else list(evalplus)
-        if evalplus_data is not None and len(datasets) > 1:
-            raise ValueError(f"evalplus_data: one release file for {datasets}; pass evalplus_tasks instead")
+        datasets = spec.evalplus_datasets
+        if evalplus_tasks is None:
+            evalplus_tasks = [load_tasks(d, f, spec.evalplus_limit)
+                              for d, f in zip(datasets, evalplus_files(datasets, spec.evalplus_data))]
+        length = {"max_new_tokens": spec.evalplus_max_new_tokens} if spec.evalplus_max_new_tokens else {}
         report.evalplus = [
-            evaluate_evalplus(model_fn, tokenizer, d, max_seq_len=max_seq_len, device=device,
-                              tasks=evalplus_tasks[i] if evalplus_tasks is not None else None,
-                              data_path=evalplus_data, limit=evalplus_limit, chat=chat,
-                              chat_template=chat_template, find_zero=evalplus_find_zero, **length)
-            for i, d in enumerate(datasets)]
+            evaluate_evalplus(model_fn, tokenizer, d, max_seq_len=max_seq_len, device=device, tasks=tasks,
+                              chat=spec.evalplus_chat, chat_template=chat_template,
+                              find_zero=spec.evalplus_find_zero, **length)
+            for d, tasks in zip(datasets, evalplus_tasks)]
     return report
 
 
-def evaluate(model_fn, tokenizer, **kwargs) -> dict[str, float]:
-    """Flat metrics of ``run_evals`` (same keyword arguments), for a trainer's logger."""
-    return run_evals(model_fn, tokenizer, **kwargs).metrics()
+def evalplus_files(datasets: list[str], spec: str | None) -> list[Path | None]:
+    """The release file of each dataset: ``spec`` (EvalSpec.evalplus_data) as a folder holding the
+    releases under their own names (HumanEvalPlus.jsonl(.gz), MbppPlus.jsonl(.gz)) or one file per
+    dataset, comma-separated, in order; None: EvalPlus's cache or download, per dataset."""
+    from .evalplus import RELEASES, EvalPlusDataError
+
+    if spec is None:
+        return [None] * len(datasets)
+    if Path(spec).is_dir():
+        out = []
+        for d in datasets:
+            names = [f"{RELEASES[d][0]}.jsonl{ext}" for ext in (".gz", "")]
+            found = [Path(spec) / n for n in names if (Path(spec) / n).is_file()]
+            if not found:
+                raise EvalPlusDataError(f"{spec}: --evalplus-data: no {' or '.join(names)} for --evalplus {d}")
+            out.append(found[0])
+        return out
+    files = [Path(f) for f in spec.split(",")]
+    if len(files) != len(datasets):
+        raise ValueError(f"--evalplus-data {spec}: {len(files)} file(s) for {len(datasets)} datasets "
+                         f"({','.join(datasets)}): give one per dataset, in that order, or a folder holding them")
+    return files
+
+
+def evaluate(model_fn, tokenizer, spec: EvalSpec, **kwargs) -> dict[str, float]:
+    """Flat metrics of ``run_evals`` (same arguments), for a trainer's logger."""
+    return run_evals(model_fn, tokenizer, spec, **kwargs).metrics()

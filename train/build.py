@@ -10,7 +10,6 @@ kernel comes from ``model_registry``.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import typing
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from data.mixture import Mixture
 from data.shards import MANIFEST, load_manifest
 from data.tokenizer import Tokenizer, check_sha256, how_to_get
 from models.laneformer import NATIVE_FIELDS, Laneformer, laneformer_configs, model_registry
+from models.laneformer.checkpoint import open_checkpoint
 from train.cpu import adapt_config
 from train.eval_hook import EvalHook
 from train.export_hook import ExportHook
@@ -71,17 +71,14 @@ def initial_load(recipe: Recipe) -> tuple[str | None, bool]:
     why = f"{recipe.path}: [checkpoint] init_from: {path}"
     if not path.exists():
         raise RecipeError(f"{why} does not exist")
-    if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
-        return str(path), True
-    if rundir.is_complete(path):
-        return str(path), False
-    latest = rundir.latest_complete_checkpoint(path)
-    if latest is None:
+    try:
+        checkpoint = open_checkpoint(path)
+    except FileNotFoundError:
         raise RecipeError(
             f"{why} holds no complete checkpoint "
             "(a run dir with checkpoints/step-N, a step dir with .metadata, or an HF export)"
-        )
-    return str(latest), False
+        ) from None
+    return str(checkpoint.folder), checkpoint.kind == "hf"
 
 
 def writable(folder: Path) -> bool:
@@ -286,7 +283,8 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
         ),
         comm=CommConfig(),
         debug=DebugConfig(seed=recipe.run.seed, deterministic=recipe.run.deterministic),
-        hooks=[EvalHook.Config(**dataclasses.asdict(recipe.eval), chat_template=recipe.data.chat_template),
+        hooks=[EvalHook.Config(every=recipe.eval.every, at_end=recipe.eval.at_end, spec=recipe.eval.spec(),
+                               chat_template=recipe.data.chat_template),
                *export_hooks(recipe), ReportHook.Config(every=recipe.eval.every),
                PreemptionHook.Config()],  # called in their priority order (train.hooks)
         skip_spikes=t.skip_spikes,

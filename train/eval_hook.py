@@ -14,6 +14,7 @@ import json
 import math
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +29,7 @@ from torchtitan.tools.logging import logger
 
 import rundir
 from data.mixture import IGNORE_INDEX, Mixture, SourceSpec
+from eval.spec import EvalSpec
 from train.hooks import Hook
 
 if TYPE_CHECKING:
@@ -50,18 +52,8 @@ class EvalHook(Hook, Configurable):
     class Config(Configurable.Config):
         every: int = 0  # steps; 0: only at the end
         at_end: bool = True
-        val_sources: list[str] = field(default_factory=list)
-        val_samples: int = 64
-        core_bundle: str | None = None
-        core_max_per_task: int = 50
-        lm_eval_tasks: str | None = None
-        lm_eval_limit: int | None = None
-        evalplus: str | None = None  # "humaneval" or "mbpp"
-        evalplus_data: str | None = None  # its release file (eval.evalplus)
-        evalplus_limit: int | None = 20  # tasks
-        evalplus_max_new_tokens: int = 768  # per task: EvalPlus's own limit
-        evalplus_chat: bool = False  # instruct prompts through the chat template ...
-        chat_template: str | None = None  # ... the run's (recipe [data] chat_template, resolved)
+        spec: EvalSpec = field(default_factory=EvalSpec)  # what to evaluate: the recipe's [eval]
+        chat_template: str | None = None  # the run's (recipe [data] chat_template, resolved), for EvalPlus's chat
 
     def __init__(self, config: Config):
         self.config = config
@@ -70,21 +62,19 @@ class EvalHook(Hook, Configurable):
     def after_step(self, trainer: LaneformerTrainer) -> None:
         c, step = self.config, trainer.step
         due = (c.every and step % c.every == 0) or (c.at_end and step == trainer.config.training.steps)
-        if not due or not (c.val_sources or c.core_bundle or c.lm_eval_tasks or c.evalplus):
+        parts = {"validation": self.validation} if c.spec.val_sources else {}
+        parts.update({name: self._benchmark(spec) for name, spec in c.spec.benchmarks().items()})
+        if not due or not parts:
             return
         start, results, errors = time.perf_counter(), {}, []
         model = trainer.model_parts[0]
         model.eval()
-        parts = [(self.validation, c.val_sources), (self.core, c.core_bundle), (self.lm_eval, c.lm_eval_tasks),
-                 (self.evalplus, c.evalplus)]
-        for run, wanted in parts:
-            if not wanted:
-                continue
+        for name, run in parts.items():
             try:  # an eval must never stop training
                 with torch.no_grad():
                     results.update(run(trainer))
             except Exception as e:
-                errors.append(f"{run.__name__}: {type(e).__name__}: {e}")
+                errors.append(f"{name}: {type(e).__name__}: {e}")
                 logger.error(f"eval at step {step} failed: {errors[-1]}\n{traceback.format_exc()}")
         model.train()
         results["eval/wall_time_s"] = time.perf_counter() - start
@@ -101,14 +91,14 @@ class EvalHook(Hook, Configurable):
         tokenizer = trainer.tokenizer.tokenizer
         if self._val is None:
             specs = [SourceSpec(name=Path(p).name, path=p, weight=1.0, max_epochs=1e9)
-                     for p in self.config.val_sources]
+                     for p in self.config.spec.val_sources]
             self._val = Mixture(specs, seq_len, seed=0, expected_fingerprint=tokenizer.fingerprint,
                                 expected_vocab_size=tokenizer.vocab_size)
             self._bytes = torch.from_numpy(token_bytes(tokenizer.sp))
         world = dist.get_world_size() if dist.is_initialized() else 1
         rank = dist.get_rank() if dist.is_initialized() else 0
         per_step = world * micro
-        n_batches = math.ceil(self.config.val_samples / per_step)
+        n_batches = math.ceil(self.config.spec.val_samples / per_step)
         totals = torch.zeros(3, dtype=torch.float64)  # nats, tokens, bytes
         for b in range(n_batches):
             first = b * per_step + rank * micro
@@ -127,23 +117,13 @@ class EvalHook(Hook, Configurable):
         nats, tokens, nbytes = totals.tolist()
         return {"eval/val_loss": nats / tokens, "eval/val_bpb": nats / math.log(2) / nbytes}
 
-    def core(self, trainer: LaneformerTrainer) -> dict[str, float]:
-        return self._evaluate(trainer, core_bundle=self.config.core_bundle,
-                              max_per_task=self.config.core_max_per_task)
+    def _benchmark(self, spec: EvalSpec) -> Callable[[LaneformerTrainer], dict[str, float]]:
+        """Scores ``spec`` (one benchmark) on the training model, through eval.suite."""
+        def run(trainer: LaneformerTrainer) -> dict[str, float]:
+            from eval.suite import evaluate
 
-    def lm_eval(self, trainer: LaneformerTrainer) -> dict[str, float]:
-        return self._evaluate(trainer, lm_eval_tasks=self.config.lm_eval_tasks, limit=self.config.lm_eval_limit)
-
-    def evalplus(self, trainer: LaneformerTrainer) -> dict[str, float]:
-        c = self.config
-        return self._evaluate(trainer, evalplus=c.evalplus, evalplus_data=c.evalplus_data,
-                              evalplus_limit=c.evalplus_limit, chat=c.evalplus_chat,
-                              chat_template=c.chat_template, max_new_tokens=c.evalplus_max_new_tokens)
-
-    def _evaluate(self, trainer: LaneformerTrainer, **what) -> dict[str, float]:
-        from eval.suite import evaluate
-
-        model = trainer.model_parts[0]
-        return evaluate(lambda ids: model(ids), trainer.tokenizer.tokenizer,
-                        max_seq_len=trainer.config.training.seq_len, device=trainer.device,
-                        log=logger.info if dist.get_rank() == 0 else None, **what)
+            model = trainer.model_parts[0]
+            return evaluate(lambda ids: model(ids), trainer.tokenizer.tokenizer, spec,
+                            max_seq_len=trainer.config.training.seq_len, device=trainer.device,
+                            log=logger.info if dist.get_rank() == 0 else None, chat_template=self.config.chat_template)
+        return run

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from data.chat import TEMPLATES, check_template, checkpoint_template, resolve_template
 from data.mixture import MixtureError, SourceSpec, check_distinct, needs
+from eval.spec import EvalSpec, EvalSpecError
 from rundir import EXPORT_DIR, REPO, parse_set
 
 RECIPES = REPO / "recipes"
@@ -157,20 +158,17 @@ class Logging:
 
 
 @dataclass(kw_only=True)
-class Eval:
+class Eval(EvalSpec):
+    """``[eval]``: what to evaluate (eval.spec.EvalSpec, whose checks it runs), a quicker default
+    size for a look during training, and when to run (the trainer's concern, not the eval's)."""
     every: int = 0  # steps between evals; 0: only at the end
     at_end: bool = True
-    val_sources: list[str] = field(default_factory=list)  # held-out tokenized dirs
-    val_samples: int = 64
-    core_bundle: str | None = None  # a DCLM CORE bundle folder
-    core_max_per_task: int = 50
-    lm_eval_tasks: str | None = None  # a JSON/YAML file of lm-eval task dicts
-    lm_eval_limit: int | None = None
-    evalplus: str | None = None  # "humaneval" or "mbpp": EvalPlus pass@1 on a few tasks (SFT)
-    evalplus_data: str | None = None  # HumanEvalPlus.jsonl(.gz) / MbppPlus.jsonl(.gz)
+    core_max_per_task: int | None = 50
     evalplus_limit: int | None = 20
-    evalplus_chat: bool = False  # instruct prompts through the chat template
-    evalplus_max_new_tokens: int = 768  # per task: EvalPlus's own limit (eval.evalplus.MAX_NEW_TOKENS)
+
+    def spec(self) -> EvalSpec:
+        """The what, without the when."""
+        return EvalSpec(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EvalSpec)})
 
 
 @dataclass(kw_only=True)
@@ -275,7 +273,10 @@ def _parse_table(cls, table: dict, path: Path, where: str):
                 raise RecipeError(f"{path}: [{where}] missing key '{name}'")
             continue
         values[name] = check_value(table[name], tp, path, where, name)
-    return cls(**values)
+    try:
+        return cls(**values)
+    except (MixtureError, EvalSpecError) as e:  # SourceSpec and EvalSpec check their own values
+        raise RecipeError(f"{path}: [{where}] {e}") from e
 
 
 def check_keys(table: dict, valid, path, where: str) -> None:
@@ -318,10 +319,7 @@ def check_value(value, tp, path: Path, where: str, key: str):
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise bad
-        try:
-            return _parse_table(tp, value, path, f"{where}.{key}")
-        except MixtureError as e:  # SourceSpec checks its own values
-            raise RecipeError(f"{path}: [{where}.{key}] {e}") from e
+        return _parse_table(tp, value, path, f"{where}.{key}")
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is int and isinstance(value, float) and value.is_integer() and abs(value) >= 1e6:
@@ -364,7 +362,7 @@ def resolve(recipe: Recipe) -> None:
     e.val_sources = [str(in_data_root(recipe, v)) for v in e.val_sources]
     e.core_bundle = e.core_bundle and str(absolute(e.core_bundle))
     e.lm_eval_tasks = e.lm_eval_tasks and str(absolute(e.lm_eval_tasks))
-    e.evalplus_data = e.evalplus_data and str(absolute(e.evalplus_data))
+    e.evalplus_data = e.evalplus_data and ",".join(str(absolute(f)) for f in e.evalplus_data.split(","))
     c.init_from = c.init_from and str(absolute(c.init_from))
     c.export_dir = str(absolute(c.export_dir or recipe.output_dir / EXPORT_DIR))
     d.chat_template = chat_template(recipe)
@@ -435,12 +433,8 @@ def resolve(recipe: Recipe) -> None:
         fail("checkpoint", "interval must be > 0 and keep_last >= 0")
     if recipe.launch.crashes_per_day < 0:
         fail("launch", f"crashes_per_day: must be >= 0 (got {recipe.launch.crashes_per_day})")
-    if e.every < 0 or e.val_samples <= 0 or e.core_max_per_task <= 0:
-        fail("eval", "every must be >= 0, val_samples and core_max_per_task > 0")
-    if e.evalplus not in (None, "humaneval", "mbpp"):
-        fail("eval", f"evalplus: {e.evalplus!r} is not 'humaneval' or 'mbpp'")
-    if e.evalplus_max_new_tokens <= 0 or (e.evalplus_limit is not None and e.evalplus_limit <= 0):
-        fail("eval", "evalplus_max_new_tokens and evalplus_limit must be > 0")
+    if e.every < 0:  # the rest of [eval] is checked by EvalSpec
+        fail("eval", f"every: must be >= 0 (got {e.every})")
     if recipe.logging.interval <= 0:
         fail("logging", f"interval: must be > 0 (got {recipe.logging.interval})")
     par = recipe.parallel

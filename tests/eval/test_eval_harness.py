@@ -136,12 +136,14 @@ def test_trainer_entry_point(toy_lm, tmp_path):
     """What a trainer hook calls: flat float metrics for CORE and lm-eval together."""
     from tests.helpers import write_toy_core_bundle
 
+    from eval.spec import EvalSpec
     from eval.suite import evaluate
 
     lm, _ = toy_lm
     (tmp_path / "bundle").mkdir()
-    metrics = evaluate(lm.model_fn, lm.tokenizer, max_seq_len=16, core_bundle=write_toy_core_bundle(tmp_path / "bundle"),
-                       max_per_task=None, lm_eval_tasks=write_tasks(tmp_path), limit=5)
+    spec = EvalSpec(core_bundle=str(write_toy_core_bundle(tmp_path / "bundle")),
+                    lm_eval_tasks=str(write_tasks(tmp_path)), lm_eval_limit=5)
+    metrics = evaluate(lm.model_fn, lm.tokenizer, spec, max_seq_len=16)
     assert metrics["core/copa/acc"] == pytest.approx(2 / 3) and "core/CORE_v1" in metrics
     assert metrics["lm_eval/toy_mc/acc"] == pytest.approx(4 / 5)
     assert all(isinstance(v, float | int) for v in metrics.values())

@@ -93,7 +93,8 @@ def test_an_import_is_scored_with_the_tokenizer_files_beside_its_weights(tmp_pat
 def test_a_checkpoint_without_a_findable_tokenizer_exits_2(tmp_path, capsys):
     step = write_tiny_run(tmp_path / "run", None)
     err = exit_2(capsys, ["--checkpoint", str(tmp_path / "run"), "--core", str(tmp_path)])
-    assert f"{step}: cannot tell which tokenizer this checkpoint was trained with" in err
+    assert f"{tmp_path / 'run'}: cannot tell which tokenizer this checkpoint was trained with" in err
+    assert f"{step}: no tokenizer files" in err
     assert "pass --tokenizer" in err
 
 
@@ -164,6 +165,7 @@ def test_evalplus_scores_each_dataset(tmp_path):
     import torch
 
     from eval.run import report_json
+    from eval.spec import EvalSpec
     from eval.suite import run_evals
 
     tok = Tokenizer(TINY_TOKENIZER)
@@ -174,8 +176,8 @@ def test_evalplus_scores_each_dataset(tmp_path):
         return logits
 
     tasks = [[release_task("humaneval")], [release_task("mbpp")]]
-    report = run_evals(ends_at_once, tok, max_seq_len=256, evalplus=["humaneval", "mbpp"], evalplus_tasks=tasks,
-                       max_new_tokens=4)
+    spec = EvalSpec(evalplus="humaneval,mbpp", evalplus_max_new_tokens=4)
+    report = run_evals(ends_at_once, tok, spec, max_seq_len=256, evalplus_tasks=tasks)
     assert report.metrics() == {"humaneval/pass@1": 0.0, "humaneval+/pass@1": 0.0,
                                 "mbpp/pass@1": 0.0, "mbpp+/pass@1": 0.0}
     out = report_json(report, "x", argparse.Namespace(chat=False))

@@ -214,8 +214,8 @@ def test_sft_on_an_imported_release_uses_the_release_template(tmp_path, capsys):
     assert resolve_template(r.data.chat_template)[1] == other_template()
     assert f'chat_template = "{r.data.chat_template}"' in R.to_toml(r)  # the run dir's recipe.toml says which
     assert export_hooks(r)[0].chat_template == r.data.chat_template
-    (eval_hook,) = [h for h in trainer_config(r).hooks if hasattr(h, "evalplus_chat")]
-    assert eval_hook.chat_template == r.data.chat_template
+    (eval_hook,) = [h for h in trainer_config(r).hooks if hasattr(h, "spec")]
+    assert eval_hook.chat_template == r.data.chat_template and eval_hook.spec.evalplus_chat
     # The recipe's own choice wins over the checkpoint's.
     assert R.load(write(tmp_path, sft.replace("[data]", '[data]\nchat_template = "llama2"'))).data.chat_template == "llama2"
 
