@@ -99,14 +99,16 @@ def run_summary(recipe: R.Recipe, recipe_arg: str, sets: list[str]) -> str:
         f"  evaluate: {shlex.join(['python', '-m', 'eval.run', '--checkpoint', str(out), *tasks])}",
         *fetch,
         f"  resume (after a stop) or train longer: {again} [--set training.steps=N]",
-        report_line(run),
+        report_line(run, recipe.logging.report),
     ])
 
 
-def report_line(run: Path) -> str:
+def report_line(run: Path, written: bool = True) -> str:
     """Where the run's report is (train.report_hook writes it at the end), or why it is not."""
     from train.report import PAGE, report_dir
 
+    if not written:
+        return f"report: off ([logging] report = false); draw it with python -m train.report {shlex.quote(str(run))}"
     page = report_dir(run) / PAGE
     return f"report: {page}" if page.exists() else f"report: not written (see {report_dir(run) / 'refresh.log'})"
 

@@ -41,6 +41,8 @@ def train_command(recipe: str, *sets: str, nproc: int = 1) -> list[str]:
     cmd = [TORCHRUN, "--nnodes", "1", "--nproc-per-node", str(nproc),
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
            str(REPO / "train.py"), "--recipe", recipe]
+    if not any(s.startswith("logging.report=") for s in sets):
+        sets = (*sets, "logging.report=false")  # drawing the report costs each run seconds; tests/train/test_report.py draws
     for s in sets:
         cmd += ["--set", s]
     return cmd

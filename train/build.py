@@ -285,7 +285,7 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
         debug=DebugConfig(seed=recipe.run.seed, deterministic=recipe.run.deterministic),
         hooks=[EvalHook.Config(every=recipe.eval.every, at_end=recipe.eval.at_end, spec=recipe.eval.spec(),
                                chat_template=recipe.data.chat_template),
-               *export_hooks(recipe), ReportHook.Config(every=recipe.eval.every),
+               *export_hooks(recipe), *([ReportHook.Config(every=recipe.eval.every)] if recipe.logging.report else []),
                PreemptionHook.Config()],  # called in their priority order (train.hooks)
         skip_spikes=t.skip_spikes,
         spike_sigmas=t.spike_sigmas,

@@ -155,6 +155,7 @@ class Logging:
     tensorboard: bool = True
     wandb_project: str | None = None
     wandb_mode: Literal["online", "offline", "disabled"] = "offline"
+    report: bool = True  # the run writes report/ (python -m train.report) after each eval and at the end
 
 
 @dataclass(kw_only=True)

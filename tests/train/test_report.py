@@ -112,7 +112,7 @@ def test_a_resume_on_one_rank_is_marked_and_keeps_one_token_axis(reference, tmp_
     shutil.copytree(reference_run(tmp_path_factory), run)
     shutil.rmtree(run / "checkpoints" / "step-20")
     (run / "report" / "report.html").unlink()
-    result = train("tiny.toml", f"run.output_dir={run}", *SHORT, nproc=1)
+    result = train("tiny.toml", f"run.output_dir={run}", *SHORT, "logging.report=true", nproc=1)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Training starts at step 17" in result.stdout
     page = run / "report" / "report.html"
