@@ -189,11 +189,11 @@ class Planner:
 
 
 def _recipe_setting(recipe: str) -> tuple[int, str]:
-    """The recipe's own micro batch and AC, read from its TOML (bench/ does not import train/)."""
-    import tomllib
+    """The recipe's own micro batch and AC (train.recipe's schema and defaults)."""
+    from train.recipe import load
 
-    raw = tomllib.loads((REPO / "recipes" / recipe).read_text())
-    return int(raw["training"]["micro_batch"]), str(raw.get("parallel", {}).get("activation_checkpoint", "none"))
+    loaded = load(recipe)
+    return loaded.training.micro_batch, loaded.parallel.activation_checkpoint
 
 
 def _cpu_stand_in(sizes: Sizes, micro_batch: int) -> dict:

@@ -55,7 +55,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -142,14 +141,9 @@ def checkpoint_template(path: str | Path) -> str | None:
     own = folder_template(path)
     if own is not None:
         return str(own)
-    run = path.parent.parent if path.parent.name == rundir.CHECKPOINTS_DIR else path
-    recipe = run / rundir.RECIPE_FILE
-    if not recipe.is_file():
-        return None
-    spec = tomllib.loads(recipe.read_text()).get("data", {}).get("chat_template")
-    if spec is None or spec in TEMPLATES or Path(spec).is_absolute():
-        return spec
-    return str(rundir.REPO / spec)
+    recipe = rundir.recorded_recipe(rundir.run_of(path) or path) or {}
+    spec = recipe.get("data", {}).get("chat_template")
+    return spec if spec is None or spec in TEMPLATES else str(rundir.in_repo(spec))
 
 
 SAMPLE = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"},

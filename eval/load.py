@@ -9,9 +9,10 @@
   ``AutoModelForCausalLM`` (remote code) and ``AutoTokenizer``, as a Hub user
   would, and wrapped to the same interface.
 
-The tokenizer is the checkpoint's own, never a default
-(``models.laneformer.tokenizer.checkpoint_tokenizer``, shared with the
-decoder's CLI).
+Which of the two a path is, and its config and tokenizer, are
+``models.laneformer.checkpoint``'s answers. The tokenizer is the checkpoint's
+own, never a default (``models.laneformer.tokenizer.checkpoint_tokenizer``,
+shared with the decoder's CLI).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from models.laneformer.generate import is_hf_folder
+from models.laneformer.checkpoint import Checkpoint, open_checkpoint
 from models.laneformer.tokenizer import checkpoint_tokenizer
 
 
@@ -36,12 +37,13 @@ class Loaded:
     notes: list[str] = dataclasses.field(default_factory=list)  # where the tokenizer came from
 
 
-def load_hf(folder: Path, device: torch.device, tokenizer_path: str | Path | None = None) -> Loaded:
+def load_hf(checkpoint: Checkpoint, device: torch.device, tokenizer_path: str | Path | None = None) -> Loaded:
     from transformers import AutoModelForCausalLM
 
+    folder = checkpoint.path
     model = AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=True, dtype=torch.float32)
     model.to(device).eval()
-    tokenizer, notes = checkpoint_tokenizer(folder, tokenizer_path, model.config.vocab_size)
+    tokenizer, notes = checkpoint_tokenizer(checkpoint, tokenizer_path, model.config.vocab_size)
 
     def model_fn(ids: torch.Tensor) -> torch.Tensor:
         return model(input_ids=ids, use_cache=False).logits
@@ -49,30 +51,27 @@ def load_hf(folder: Path, device: torch.device, tokenizer_path: str | Path | Non
     return Loaded(model_fn, tokenizer, model.config.max_position_embeddings, device, f"hf:{folder}", notes)
 
 
-def load_dcp_model(path: Path, device: torch.device, flavor: str | None, overrides: dict,
+def load_dcp_model(checkpoint: Checkpoint, device: torch.device, flavor: str | None, overrides: dict,
                    tokenizer_path: str | Path | None) -> Loaded:
     from models.laneformer.attention import attention_config, backend_for
-    from models.laneformer.convert import resolve_config
-    from models.laneformer.hf.checkpoint_io import load_dcp, step_dir
     from models.laneformer.model import Laneformer
 
-    step = step_dir(path)
-    config = resolve_config(step, flavor, overrides)
-    tokenizer, notes = checkpoint_tokenizer(step, tokenizer_path, config.vocab_size)  # before the weights are read
-    state_dict = load_dcp(step, config)
+    config = checkpoint.model_config(flavor, overrides)
+    tokenizer, notes = checkpoint_tokenizer(checkpoint, tokenizer_path, config.vocab_size)  # before the weights
+    state_dict = checkpoint.load_weights(config)
     config = dataclasses.replace(config, inner_attention=attention_config(backend_for(device)))
     with torch.device(device):
         model = Laneformer(config)
     model.load_state_dict(state_dict)
     model.eval()
-    return Loaded(model, tokenizer, config.max_seq_len, device, f"dcp:{step}", notes)
+    return Loaded(model, tokenizer, config.max_seq_len, device, f"dcp:{checkpoint.step_dir}", notes)
 
 
 def load_checkpoint(path: str | Path, *, flavor: str | None = None, overrides: dict | None = None,
                     tokenizer_path: str | Path | None = None, device: str | torch.device | None = None) -> Loaded:
     """A DCP step/run dir or an HF folder, on ``device`` (default: CUDA when present)."""
-    path = Path(path)
+    checkpoint = open_checkpoint(path)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if is_hf_folder(path):
-        return load_hf(path, device, tokenizer_path)
-    return load_dcp_model(path, device, flavor, overrides or {}, tokenizer_path)
+    if checkpoint.kind == "hf":
+        return load_hf(checkpoint, device, tokenizer_path)
+    return load_dcp_model(checkpoint, device, flavor, overrides or {}, tokenizer_path)

@@ -29,7 +29,6 @@ import argparse
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 from launch.attempts import checkpoint_step, history, job_info, launcher_dir
@@ -139,7 +138,7 @@ def status(run: Path) -> str:
     """What the run is doing, how far it got, and why it stopped if it did."""
     lines = [f"run: {run}"]
     frozen = launcher_dir(run) / "recipe.toml"
-    total = tomllib.loads(frozen.read_text())["training"]["steps"] if frozen.exists() else "?"
+    total = R.load(str(frozen)).training.steps if frozen.exists() else "?"
     lines.append(f"latest checkpoint: step {checkpoint_step(run)} of {total}")
     ids = job_ids(run)
     if not ids:

@@ -73,6 +73,26 @@ def latest_complete_step(run: Path) -> int | None:
     return steps[-1] if steps else None
 
 
+def run_of(step: Path) -> Path | None:
+    """The run a ``<run>/checkpoints/step-N`` belongs to; None for a step dir outside a run
+    (a ``convert from-hf`` import)."""
+    step = Path(step)
+    return step.parent.parent if step.parent.name == CHECKPOINTS_DIR else None
+
+
+def recorded_recipe(folder: Path) -> dict | None:
+    """The recipe a run recorded (``<folder>/recipe.toml``: a run dir's resolved recipe, or the
+    launcher's frozen one), as the TOML dict train.recipe wrote; None if there is none. The one
+    raw reader, for readers below train (data, models) that cannot load the schema."""
+    path = Path(folder) / RECIPE_FILE
+    return tomllib.loads(path.read_text()) if path.is_file() else None
+
+
+def in_repo(path: str | Path) -> Path:
+    """A recipe's path value as a path: relative ones are relative to the repo root."""
+    return Path(path) if Path(path).is_absolute() else REPO / path
+
+
 def latest_complete_checkpoint(run: Path) -> Path | None:
     """The newest complete ``checkpoints/step-N`` of a run dir, or None."""
     step = latest_complete_step(run)

@@ -31,110 +31,38 @@ Bad input exits with status 2 and a message naming the file and key.
 """
 
 import argparse
-import dataclasses
 import json
 import sys
-import tomllib
 from pathlib import Path
 
 import torch
 
-import rundir
-from data.chat import DEFAULT, checkpoint_template, folder_template, resolve_template
-from rundir import MODEL_CONFIG_FILE as CONFIG_FILE
+from data.chat import DEFAULT, folder_template, resolve_template
 from rundir import step_number
 
-from . import NATIVE_FIELDS, laneformer_configs, read_native_config
-from .hf.checkpoint_io import load_dcp, step_dir
-from .hf.export import TOKENIZER_FILES, ModelCard, export_hf
+from . import laneformer_configs
+from .checkpoint import open_checkpoint, parse_overrides
+from .hf.export import ModelCard, export_hf
 from .hf.import_hf import import_hf
 from .hf.kog_releases import laneformer_tp_keys
 from .hf.safetensors_io import parse_size
-from .model import Laneformer
-
-
-def parse_overrides(pairs: list[str]) -> dict:
-    """``["delay=1", "late_mode=flush", "window_layers=[0,1]"]`` -> a dict of native field values."""
-    out = {}
-    for pair in pairs:
-        name, value = rundir.parse_set(pair)
-        if name not in NATIVE_FIELDS:
-            raise ValueError(f"--set {pair!r}: {name!r} is not a Laneformer.Config field; known: {sorted(NATIVE_FIELDS)}")
-        out[name] = value
-    return out
-
-
-def resolve_config(step: Path, flavor: str | None, overrides: dict) -> Laneformer.Config:
-    """The model config of a checkpoint: ``--flavor``, else ``laneformer_config.json`` beside it or in its run dir.
-
-    Raises ValueError (unknown flavor, bad field) or FileNotFoundError (no config found).
-    """
-    if flavor is not None:
-        if flavor not in laneformer_configs:
-            raise ValueError(f"unknown flavor {flavor!r}; known: {sorted(laneformer_configs)}")
-        return dataclasses.replace(laneformer_configs[flavor](), **overrides)
-    for folder in (step, step.parent.parent):
-        if (folder / CONFIG_FILE).exists():
-            return read_native_config(folder / CONFIG_FILE, overrides)
-    raise FileNotFoundError(f"no {CONFIG_FILE} in {step} or {step.parent.parent}: give --flavor (and --set overrides)")
-
-
-def resolve_tokenizer(step: Path) -> tuple[Path, list[str]]:
-    """(the tokenizer an export of ``step`` ships, notes for the user).
-
-    The tokenizer files an import left in the step dir, else the run's resolved
-    recipe ``[data] tokenizer``, whose fingerprint must match every data
-    manifest of the run that can be read. Raises FileNotFoundError or ValueError.
-    """
-    if any((step / name).is_file() for name in TOKENIZER_FILES):
-        return step, []
-    from data.shards import MANIFEST
-    from data.tokenizer import fingerprint, resolve_model_path
-
-    run = step.parent.parent
-    recipe_file = run / rundir.RECIPE_FILE
-    if not recipe_file.is_file():
-        raise FileNotFoundError(f"{step}: no tokenizer files and no {recipe_file} naming one; pass --tokenizer DIR")
-    recipe = tomllib.loads(recipe_file.read_text())
-    named = recipe.get("data", {}).get("tokenizer")
-    if not named:
-        raise ValueError(f"{recipe_file}: [data] tokenizer: absent; pass --tokenizer DIR")
-    try:
-        model = resolve_model_path(_in_repo(named))
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"{recipe_file}: [data] tokenizer: {e}; pass --tokenizer DIR") from None
-    expected, notes, checked = fingerprint(model), [], 0
-    for source in recipe["data"].get("sources", []):
-        manifest = _in_repo(source.get("path", "")) / MANIFEST
-        if not manifest.is_file():
-            notes.append(f"tokenizer not checked against source {source.get('name')!r}: no {manifest}")
-            continue
-        found = json.loads(manifest.read_text())["tokenizer"]["fingerprint"]
-        if found != expected:
-            raise ValueError(f"{recipe_file}: [data] tokenizer: {model} has fingerprint {expected[:16]}…, but "
-                             f"{manifest} says the run's data was tokenized with {found[:16]}…; "
-                             "pass --tokenizer DIR (the one it was)")
-        checked += 1
-    notes.insert(0, f"tokenizer {model} (from {recipe_file}; fingerprint matches {checked} data manifest(s))")
-    return model, notes
-
-
-def _in_repo(path: str) -> Path:
-    return Path(path) if Path(path).is_absolute() else rundir.REPO / path
 
 
 def to_hf_command(args) -> None:
-    step = step_dir(Path(args.source))
-    config = resolve_config(step, args.flavor, parse_overrides(args.set))
+    checkpoint = open_checkpoint(args.source)
+    if checkpoint.kind == "hf":
+        raise ValueError(f"{args.source}: already a Hugging Face export (to-hf reads a run dir or a DCP step dir)")
+    step = checkpoint.step_dir
+    config = checkpoint.model_config(args.flavor, parse_overrides(args.set))
     if args.tokenizer:
         tokenizer, notes = Path(args.tokenizer), []
     else:
-        tokenizer, notes = resolve_tokenizer(step)
-    template = args.chat_template or checkpoint_template(step)
+        tokenizer, notes = checkpoint.tokenizer()
+    template = args.chat_template or checkpoint.chat_template()
     resolve_template(template)  # a bad --chat-template fails before the weights are read
     notes.append(f"chat template: {template} (from {'--chat-template' if args.chat_template else 'the checkpoint'})"
                  if template else f"chat template: {DEFAULT} (the project default; the checkpoint names none)")
-    state_dict = load_dcp(step, config)
+    state_dict = checkpoint.load_weights(config)
     card = ModelCard(
         recipe=args.recipe,
         step=step_number(step),

@@ -43,7 +43,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import statistics
 import sys
 import time
@@ -53,73 +52,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from rundir import is_complete
-
+from .checkpoint import LANE_WEIGHT, open_checkpoint, parse_overrides
 from .model import Laneformer
-
-# The lane-batched weights, [L, out, in] in the released layout; everything else is replicated.
-LANE_WEIGHT = re.compile(r"layers\.\d+\.(attention\.w[qkvo]|feed_forward\.w[123])\.weight")
 
 
 # --- weights ---------------------------------------------------------------------------------------
-
-
-def is_hf_folder(path: Path) -> bool:
-    return (path / "config.json").is_file() and not is_complete(path)
-
-
-def read_config(path: str | Path, flavor: str | None = None, overrides: dict | None = None) -> Laneformer.Config:
-    """The model config of an HF folder (its config.json) or of a run/step dir (as ``convert to-hf`` reads it)."""
-    path = Path(path)
-    if is_hf_folder(path):
-        from .hf.kog_releases import read_release
-
-        config_path = path / "config.json"
-        try:
-            return Laneformer.Config(**{**read_release(json.loads(config_path.read_text())).fields,
-                                        **(overrides or {})})
-        except ValueError as e:
-            raise ValueError(f"{config_path}: {e}") from None
-    from .convert import resolve_config
-    from .hf.checkpoint_io import step_dir
-
-    return resolve_config(step_dir(path), flavor, overrides or {})
-
-
-def read_weights(path: str | Path, config: Laneformer.Config, lanes: range) -> dict[str, torch.Tensor]:
-    """Native-named tensors: ``W[lanes]`` of each lane-batched weight, the rest whole.
-
-    From an HF folder only those slices are read (safetensors slicing); a DCP
-    checkpoint is read whole and sliced.
-    """
-    path = Path(path)
-    cut = slice(lanes.start, lanes.stop)
-    if not is_hf_folder(path):
-        from .hf.checkpoint_io import load_dcp, step_dir
-
-        full = load_dcp(step_dir(path), config)
-        return {k: v[cut].clone() if LANE_WEIGHT.fullmatch(k) else v for k, v in full.items()}
-    from safetensors import safe_open
-
-    from .hf.checkpoint_io import check_shapes, expected_shapes
-    from .hf.safetensors_io import INDEX_FILE, SINGLE_FILE, check_complete
-    from .state_dict_adapter import hf_to_native_name
-
-    index = path / INDEX_FILE
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else [SINGLE_FILE]
-    out, shapes, where = {}, {}, {}
-    for name in files:
-        check_complete(path / name)
-        with safe_open(str(path / name), framework="pt") as f:
-            for key in f.keys():
-                native = hf_to_native_name(key)
-                part = f.get_slice(key)
-                shapes[native], where[native] = torch.Size(part.get_shape()), str(path / name)
-                out[native] = part[cut] if LANE_WEIGHT.fullmatch(native) else f.get_tensor(key)
-    if "lm_head.weight" not in out and "tok_embeddings.weight" in out:  # tied in the release
-        out["lm_head.weight"], shapes["lm_head.weight"] = out["tok_embeddings.weight"], shapes["tok_embeddings.weight"]
-    check_shapes(expected_shapes(config), shapes, where)
-    return out
 
 
 def random_weights(config: Laneformer.Config, lanes: range, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -413,8 +350,6 @@ def main(argv: list[str] | None = None) -> list[int]:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--no-tp-baseline", action="store_true", help="skip the delay-0 timing comparison")
     args = p.parse_args(argv)
-    from .convert import parse_overrides
-
     path, dtype = Path(args.checkpoint), getattr(torch, args.dtype)
     cuda = torch.cuda.is_available()
     group, own_group = None, False
@@ -428,15 +363,16 @@ def main(argv: list[str] | None = None) -> list[int]:
     rank, world = (dist.get_rank(), dist.get_world_size()) if group is not None else (0, 1)
     device = torch.device(f"cuda:{torch.cuda.current_device()}" if cuda else "cpu")
     try:
-        config = read_config(path, args.flavor, parse_overrides(args.set))
+        checkpoint = open_checkpoint(path)
+        config = checkpoint.model_config(args.flavor, parse_overrides(args.set))
         lanes = lane_range(config.n_lanes, rank, world)
         # eval.run's rule: the checkpoint's own tokenizer, never a default
         from .tokenizer import checkpoint_tokenizer, continuation_text
 
-        tokenizer, notes = checkpoint_tokenizer(path, args.tokenizer, config.vocab_size)
+        tokenizer, notes = checkpoint_tokenizer(checkpoint, args.tokenizer, config.vocab_size)
         for note in notes if rank == 0 else ():
             print(note, file=sys.stderr)
-        weights = read_weights(path, config, lanes)
+        weights = checkpoint.load_weights(config, lanes)
         prompt = tokenizer.encode(args.prompt, bos=True)
         decoder = LaneDecoder(config, weights, lanes, device, dtype, group)
         out = greedy(decoder, prompt, args.max_new_tokens, tokenizer.eos_id)

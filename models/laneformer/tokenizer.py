@@ -1,10 +1,9 @@
 """The tokenizer a checkpoint was trained with, never a default.
 
-``checkpoint_tokenizer``: ``--tokenizer`` if given, else the checkpoint's own:
-an HF folder's files, or for a DCP checkpoint what ``convert to-hf`` would ship
-with it (``convert.resolve_tokenizer``: the files an import left beside the
-weights, else the run's ``recipe.toml`` ``[data] tokenizer``, fingerprint-
-checked). Scoring a model with another tokenizer than its own gives numbers
+``checkpoint_tokenizer``: ``--tokenizer`` if given, else the checkpoint's own
+(``Checkpoint.tokenizer``: an export's or import's files, else the run's
+``recipe.toml`` ``[data] tokenizer``, fingerprint-checked; what ``convert to-hf``
+ships). Scoring a model with another tokenizer than its own gives numbers
 that look plausible and mean nothing, so a checkpoint whose tokenizer cannot be
 found is refused. The decoder's CLI and ``eval.load`` both use it.
 """
@@ -13,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from models.laneformer.generate import is_hf_folder
+from models.laneformer.checkpoint import Checkpoint
 
 # A model's embedding table may be padded past its tokenizer's ids (to a multiple of 64 or 128 x the TP
 # degree: a few hundred ids at most); more unused ids than this means another tokenizer.
@@ -51,26 +50,20 @@ def open_tokenizer(path: str | Path):
     return Tokenizer(path)
 
 
-def checkpoint_tokenizer(path: str | Path, tokenizer_path: str | Path | None,
+def checkpoint_tokenizer(checkpoint: Checkpoint, tokenizer_path: str | Path | None,
                          vocab_size: int) -> tuple[object, list[str]]:
-    """(the tokenizer to use with the checkpoint at ``path``, notes on where it came from).
+    """(the tokenizer to use with ``checkpoint``, notes on where it came from).
 
-    ``tokenizer_path`` if given, else an HF folder's own, else a DCP checkpoint's
-    (``convert.resolve_tokenizer``). Raises FileNotFoundError when none can be
-    found and ValueError when its ids cannot be the model's (``vocab_size``).
+    ``tokenizer_path`` if given, else the checkpoint's own (``Checkpoint.tokenizer``).
+    Raises FileNotFoundError when none can be found and ValueError when its ids
+    cannot be the model's (``vocab_size``).
     """
-    from models.laneformer.convert import resolve_tokenizer
-    from models.laneformer.hf.checkpoint_io import step_dir
-
-    path = Path(path)
+    path = checkpoint.path
     if tokenizer_path is not None:
         found, notes = Path(tokenizer_path), [f"tokenizer {tokenizer_path} (from --tokenizer)"]
-    elif is_hf_folder(path):
-        found, notes = path, []  # an HF export: its own files, as a Hub user loads them
     else:
-        step = step_dir(path)
         try:
-            found, notes = resolve_tokenizer(step)
+            found, notes = checkpoint.tokenizer()
         except (FileNotFoundError, ValueError) as e:
             raise type(e)(f"{path}: cannot tell which tokenizer this checkpoint was trained with, and will not "
                           f"guess: {e}") from None

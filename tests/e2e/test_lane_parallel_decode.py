@@ -62,6 +62,7 @@ def worker(spec_path: str, out_path: str) -> None:
 
     from data.tokenizer import Tokenizer
     from models.laneformer import generate as G
+    from models.laneformer.checkpoint import open_checkpoint
 
     spec = json.loads(Path(spec_path).read_text())
     dist.init_process_group("gloo")
@@ -78,10 +79,11 @@ def worker(spec_path: str, out_path: str) -> None:
         return G.greedy(decoder, prompt, n).ids
 
     ckpt = spec["checkpoint"]
-    config = G.read_config(ckpt)
+    checkpoint = open_checkpoint(ckpt)
+    config = checkpoint.model_config()
     prompt = Tokenizer().encode(PROMPT_TEXT, bos=True)
     for p in SPLITS[1:]:
-        results[f"checkpoint/{p}"] = run(p, config, lambda lanes: G.read_weights(ckpt, config, lanes), prompt, NEW)
+        results[f"checkpoint/{p}"] = run(p, config, lambda lanes: checkpoint.load_weights(config, lanes), prompt, NEW)
     for name, overrides in DECODE_VARIANTS.items():
         config = decode_config(**overrides)
         for p in VARIANT_SPLITS:
@@ -114,6 +116,7 @@ def ids_line(stdout: str) -> list[int]:
 @pytest.mark.slow
 def test_lane_parallel_ids_equal_one_process(trained, tmp_path):
     from models.laneformer import generate as G
+    from models.laneformer.checkpoint import open_checkpoint
 
     spec, out = tmp_path / "spec.json", tmp_path / "ids.json"
     spec.write_text(json.dumps({"checkpoint": str(trained)}))

@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from models.laneformer import laneformer_configs, write_native_config
-from models.laneformer.generate import (
-    LANE_WEIGHT, LaneDecoder, greedy, lane_range, random_weights, read_config, read_weights,
-)
+from models.laneformer.checkpoint import LANE_WEIGHT, open_checkpoint
+from models.laneformer.generate import LaneDecoder, greedy, lane_range, random_weights
 from models.laneformer.hf.checkpoint_io import save_dcp
 from models.laneformer.hf.export import export_hf
 from tests.helpers import DECODE_PROMPT, DECODE_VARIANTS, decode_config, model_from_weights
@@ -79,9 +78,11 @@ def test_weights_are_sliced_from_hf_and_dcp_checkpoints(tmp_path):
     save_dcp(whole, tmp_path / "dcp")
     write_native_config(config, tmp_path / "dcp")  # as from-hf and the trainer do
     for folder in ("hf", "dcp"):
-        got_config = read_config(tmp_path / folder)
+        checkpoint = open_checkpoint(tmp_path / folder)
+        assert checkpoint.kind == folder.replace("dcp", "step")
+        got_config = checkpoint.model_config()
         assert (got_config.delay, got_config.late_mode, got_config.n_layers) == (1, "flush", config.n_layers)
-        got = read_weights(tmp_path / folder, got_config, range(4, 6))
+        got = checkpoint.load_weights(got_config, range(4, 6))
         assert got.keys() == whole.keys()
         for name, t in whole.items():
             assert torch.equal(got[name], t[4:6] if LANE_WEIGHT.fullmatch(name) else t), (folder, name)
@@ -109,8 +110,9 @@ def test_the_cli_decodes_with_the_tokenizer_the_run_names(tmp_path, capsys):
     write_tiny_run(tmp_path / "run", other)
     ids = main(["--checkpoint", str(tmp_path / "run"), "--prompt", TEXT, "--max-new-tokens", "3"])
     assert f"tokenizer {other} (from {tmp_path / 'run' / 'recipe.toml'}" in capsys.readouterr().err
-    config = read_config(tmp_path / "run")
-    decoder = LaneDecoder(config, read_weights(tmp_path / "run", config, range(config.n_lanes)),
+    checkpoint = open_checkpoint(tmp_path / "run")
+    config = checkpoint.model_config()
+    decoder = LaneDecoder(config, checkpoint.load_weights(config, range(config.n_lanes)),
                           range(config.n_lanes), torch.device("cpu"))
     assert ids == greedy(decoder, prompt, 3, Tokenizer(other).eos_id).ids  # the prompt in the run's ids
 

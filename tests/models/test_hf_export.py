@@ -329,10 +329,11 @@ def test_export_refuses_a_tokenizer_it_cannot_find_or_trust(tmp_path, capsys):
         assert not (tmp_path / "hf").exists()
 
 
-def test_resolve_config_raises_instead_of_exiting(tmp_path):
-    from models.laneformer.convert import resolve_config
+def test_a_checkpoints_config_raises_instead_of_exiting(tmp_path):
+    from models.laneformer.checkpoint import Checkpoint
 
+    step = Checkpoint("step", tmp_path, tmp_path, None)
     with pytest.raises(ValueError, match="unknown flavor 'huge'"):
-        resolve_config(tmp_path, "huge", {})
+        step.model_config("huge")
     with pytest.raises(FileNotFoundError, match="laneformer_config.json"):
-        resolve_config(tmp_path, None, {})
+        step.model_config()

@@ -162,7 +162,7 @@ def test_no_config_builder_sets_environment_variables(tmp_path, monkeypatch):
 
 
 def test_one_set_grammar_for_train_convert_and_eval():
-    from models.laneformer.convert import parse_overrides
+    from models.laneformer.checkpoint import parse_overrides
 
     sets = ["window_layers=[0, 1]", "late_mode=flush", "rope_theta=5e5", 'early_mode="scaled"']
     recipe = R.load("tiny.toml", [f"model.{s}" for s in sets])

@@ -1,8 +1,8 @@
 """Native Laneformer weights in torchtitan DCP checkpoints, checked against a config.
 
 A run's ``checkpoints/step-<N>/`` folders are torchtitan DCP checkpoints
-(model FQNs at the top level, beside optimizer and dataloader state); a step
-is complete once its ``.metadata`` file exists, which DCP writes last. Only
+(model FQNs at the top level, beside optimizer and dataloader state); which
+step a path stands for is ``models.laneformer.checkpoint``'s answer. Only
 the model tensors are read, in the dtype they were saved in, and only
 single-process DCP is used, so no process group is needed.
 """
@@ -15,8 +15,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-from rundir import is_complete, latest_complete_checkpoint
 
 from ..model import Laneformer
 
@@ -46,16 +44,6 @@ def check_shapes(expected: dict[str, torch.Size], found: dict[str, torch.Size], 
             )
     if problems:
         raise ValueError("the config does not match the weights:\n  " + "\n  ".join(problems))
-
-
-def step_dir(path: Path) -> Path:
-    """``path`` if it is a complete DCP step folder, else the latest complete ``checkpoints/step-<N>`` of a run."""
-    if is_complete(path):
-        return path
-    latest = latest_complete_checkpoint(path)
-    if latest is None:
-        raise FileNotFoundError(f"{path}: neither a DCP checkpoint (.metadata) nor a run with complete checkpoints/step-<N>")
-    return latest
 
 
 def load_dcp(folder: Path, config: Laneformer.Config) -> dict[str, torch.Tensor]:
