@@ -63,7 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="plan: print the numbers as one JSON object")
     p.add_argument("--plot", type=Path, metavar="FILE", help="plan: also draw the memory per GPU as a stacked bar "
                    "(parameters, gradients, optimizer, activations, temporaries against the GPU's memory), a PNG")
-    p.add_argument("--gpus", type=int, default=192, help="dry run and plan: GPUs for the estimates")
+    p.add_argument("--gpus", type=int, help="dry run and plan: GPUs for the estimates (default 192); a dry run also "
+                   "checks the layout and batch against them (default: this launch's ranks)")
     p.add_argument("--cluster", help="plan: the cluster preset for communication, h100-ib400 or a100-ib200 "
                    "(default: the --gpu kind's; train/plan/comm.py)")
     p.add_argument("--gpus-per-node", type=int, help="plan: GPUs per node (default: the cluster's)")
@@ -115,6 +116,7 @@ def report_line(run: Path, written: bool = True) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    gpus = args.gpus or 192
     from train.build import preflight
 
     recipe, checked, problems = None, None, []
@@ -131,17 +133,19 @@ def main(argv=None) -> int:
 
             cluster = cluster_for(args.gpu, args.cluster, gpus_per_node=args.gpus_per_node,
                                   intra_node_gbs=args.intra_node_gbs, network_gbs=args.network_gbs)
-            p = make_plan(recipe, gpus=args.gpus, gpu=args.gpu, with_sweep=args.sweep, with_ops=args.ops,
+            p = make_plan(recipe, gpus=gpus, gpu=args.gpu, with_sweep=args.sweep, with_ops=args.ops,
                           with_kernels=args.compiled, cluster=cluster)
             print(json.dumps(p.to_json(), indent=1) if args.json else "\n".join(p.lines()))
             if args.plot:
                 from train.report.memory import plot_memory
 
-                plot_memory(p.memory, args.plot, title=f"{recipe.model.flavor} on {args.gpus} x {p.gpu.label}, "
+                plot_memory(p.memory, args.plot, title=f"{recipe.model.flavor} on {gpus} x {p.gpu.label}, "
                             f"micro batch {p.shape.micro_batch}, AC {p.shape.ac}")
                 print(f"memory plot: {args.plot}", file=sys.stderr)
             return Exit.DONE
-        checked = preflight(recipe, int(os.environ.get("WORLD_SIZE", 1)))
+        # A launch checks its own world; a dry run outside torchrun, the --gpus it plans for.
+        world = os.environ.get("WORLD_SIZE") or (args.dry_run and args.gpus) or 1
+        checked = preflight(recipe, int(world))
         problems = checked.problems
     except R.RecipeError as e:
         problems = [str(e)]
@@ -149,7 +153,7 @@ def main(argv=None) -> int:
         from train.plan import dry_run
 
         try:  # the plan, as far as it can be made; then the same verdict as a launch
-            print(dry_run(recipe, gpus=args.gpus, mfu=args.mfu, peak_tflops=args.peak_tflops, run_dir=args.run))
+            print(dry_run(recipe, gpus=gpus, mfu=args.mfu, peak_tflops=args.peak_tflops, run_dir=args.run))
         except (R.RecipeError, ValueError, OSError) as e:
             problems = problems or [str(e)]  # preflight reports what stops the plan
     if problems:
