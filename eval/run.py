@@ -94,7 +94,7 @@ def init_distributed() -> str | None:
 
 def main(argv: list[str] | None = None) -> dict | None:
     from data.chat import checkpoint_template
-    from models.laneformer.convert import parse_overrides
+    from models.laneformer.checkpoint import parse_overrides
 
     p = argparse.ArgumentParser(prog="python -m eval.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="run dir, DCP step dir (a convert from-hf import too) or exported HF folder")
