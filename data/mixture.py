@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -256,10 +257,17 @@ class SourceStream:
         self.num_tokens = int(self.shard_offsets[-1])
         self.starts_ckpt = self.index.starts  # global start of document j * _CKPT
         self._key = [seed, _seed_key(name)]
+        self._epochs: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
     def epoch(self, e: int) -> tuple[np.ndarray, np.ndarray]:
-        """(permutation of documents, stream offset of every _CKPT-th permuted document)."""
-        return self.index.epoch(self._key, e)
+        """(permutation of documents, stream offset of every _CKPT-th permuted document); the maps of
+        the current and previous epoch stay open, as readers move forward (opening one is a file open)."""
+        if e not in self._epochs:
+            self._epochs[e] = self.index.epoch(self._key, e)
+            while len(self._epochs) > 2:
+                self._epochs.popitem(last=False)
+        self._epochs.move_to_end(e)
+        return self._epochs[e]
 
     def doc_start(self, d: int) -> int:
         base = d - d % _CKPT

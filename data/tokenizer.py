@@ -77,14 +77,15 @@ def how_to_get(path: str | Path) -> str:
     return f"; get it with: python -m data.tokenizer fetch (from {FETCH_REPO}, sha256-checked)"
 
 
-def check_sha256(path: str | Path, expected: str) -> str | None:
-    """None when the file's sha256 is ``expected``, else what was found against what was expected."""
+def check_sha256(path: str | Path, expected: str, shown: str | None = None) -> str | None:
+    """None when the file's sha256 is ``expected``, else what was found (called ``shown``, default its
+    path) against what was expected."""
     path = Path(path)
     found = fingerprint(path)
     if found == expected:
         return None
     llama2 = " (the Llama-2 tokenizer.model, 499,723 bytes)" if expected == LLAMA2_SHA256 else ""
-    return (f"{path} has sha256 {found} ({path.stat().st_size:,} bytes), expected {expected}{llama2}; "
+    return (f"{shown or path} has sha256 {found} ({path.stat().st_size:,} bytes), expected {expected}{llama2}; "
             "it is another tokenizer: shards and model ids would not match")
 
 
@@ -100,8 +101,8 @@ def fetch(repo: str = FETCH_REPO, out: str | Path = LLAMA2_TOKENIZER.parent, rev
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out, prefix=".fetch-") as tmp:
         got = Path(hf_hub_download(repo, "tokenizer.model", revision=revision, local_dir=tmp))
-        if problem := check_sha256(got, expected_sha256):
-            raise ValueError(f"{repo}: tokenizer.model: {problem.replace(str(got), 'the download')}; "
+        if problem := check_sha256(got, expected_sha256, shown="the download"):
+            raise ValueError(f"{repo}: tokenizer.model: {problem}; "
                              f"nothing written to {out}")
         target = out / "tokenizer.model"
         os.replace(got, target)
