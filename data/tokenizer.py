@@ -151,6 +151,65 @@ def load_tokenizer(path: str | Path | None = None) -> Tokenizer:
     return Tokenizer(path)
 
 
+# A model's embedding table may be padded past its tokenizer's ids (to a multiple of 64 or 128 x the TP
+# degree: a few hundred ids at most); more unused ids than this means another tokenizer.
+MAX_VOCAB_PADDING = 1024
+
+
+class HFTokenizer:
+    """A transformers tokenizer behind ``Tokenizer``'s interface (an import of a release that ships
+    only tokenizer.json, or an export opened as a Hub user would)."""
+
+    def __init__(self, tokenizer):
+        self.hf = tokenizer
+        self.bos_id, self.eos_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+        self.vocab_size = len(tokenizer)
+
+    def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
+        # split_special_tokens: literal "</s>" stays text, as in SentencePiece (exports with a chat
+        # template turn it off so the template can write control tokens; see data.chat)
+        ids = self.hf(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(ids, skip_special_tokens=True)
+
+
+def open_tokenizer(path: str | Path, vocab_size: int | None = None) -> Tokenizer | HFTokenizer:
+    """The tokenizer at ``path`` for a model with ``vocab_size`` ids (None: no check).
+
+    A tokenizer.model (or a folder holding one) opens as the SentencePiece reference; else a folder of
+    Hugging Face tokenizer files. Raises ValueError when its ids cannot be the model's: scoring a model
+    with another tokenizer gives numbers that look plausible and mean nothing.
+    """
+    path = Path(path)
+    if path.is_dir() and not (path / "tokenizer.model").is_file() and (path / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
+        tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(str(path)))
+    else:
+        tokenizer = Tokenizer(path)
+    n = tokenizer.vocab_size
+    if vocab_size is not None and not vocab_size - MAX_VOCAB_PADDING < n <= vocab_size:
+        why = ("ids the model has no embedding for" if n > vocab_size else
+               f"{vocab_size - n} ids it would never use, more than a padded vocabulary leaves "
+               f"(< {MAX_VOCAB_PADDING})")
+        raise ValueError(f"the model has {vocab_size} ids, tokenizer {path} {n}: {why}; "
+                         "so it is not this model's tokenizer (pass the right one with --tokenizer)")
+    return tokenizer
+
+
+def continuation_text(tokenizer, prompt: list[int], new: list[int]) -> str:
+    """The text ``new`` adds after ``prompt``.
+
+    Decoded in context, because SentencePiece drops the leading space of a
+    piece decoded on its own ("▁return" -> "return").
+    """
+    head = tokenizer.decode(prompt)
+    full = tokenizer.decode(prompt + new)
+    return full[len(head):] if full.startswith(head) else tokenizer.decode(new)
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from models.laneformer.tokenizer import continuation_text
+from data.tokenizer import continuation_text
 
 from . import dist
 from .core import pad_rows

@@ -11,8 +11,8 @@
 
 Which of the two a path is, and its config and tokenizer, are
 ``models.laneformer.checkpoint``'s answers. The tokenizer is the checkpoint's
-own, never a default (``models.laneformer.tokenizer.checkpoint_tokenizer``,
-shared with the decoder's CLI).
+own, never a default (``Checkpoint.open_tokenizer``, shared with the decoder's CLI; opened
+by ``data.tokenizer.open_tokenizer``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 
 from models.laneformer.checkpoint import Checkpoint, open_checkpoint
-from models.laneformer.tokenizer import checkpoint_tokenizer
 
 
 @dataclasses.dataclass
@@ -43,7 +42,7 @@ def load_hf(checkpoint: Checkpoint, device: torch.device, tokenizer_path: str | 
     folder = checkpoint.path
     model = AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=True, dtype=torch.float32)
     model.to(device).eval()
-    tokenizer, notes = checkpoint_tokenizer(checkpoint, tokenizer_path, model.config.vocab_size)
+    tokenizer, notes = checkpoint.open_tokenizer(tokenizer_path, model.config.vocab_size)
 
     def model_fn(ids: torch.Tensor) -> torch.Tensor:
         return model(input_ids=ids, use_cache=False).logits
@@ -57,7 +56,7 @@ def load_dcp_model(checkpoint: Checkpoint, device: torch.device, flavor: str | N
     from models.laneformer.model import Laneformer
 
     config = checkpoint.model_config(flavor, overrides)
-    tokenizer, notes = checkpoint_tokenizer(checkpoint, tokenizer_path, config.vocab_size)  # before the weights
+    tokenizer, notes = checkpoint.open_tokenizer(tokenizer_path, config.vocab_size)  # before the weights
     state_dict = checkpoint.load_weights(config)
     config = dataclasses.replace(config, inner_attention=attention_config(backend_for(device)))
     with torch.device(device):

@@ -9,7 +9,7 @@
         [--tokenizer PATH] [--out results.json]
 
 At least one of --core, --lm-eval, --humaneval, --evalplus. The tokenizer is
-the checkpoint's own (models.laneformer.tokenizer.checkpoint_tokenizer), never a default.
+the checkpoint's own (models.laneformer.checkpoint.Checkpoint.open_tokenizer), never a default.
 
 Under ``torchrun`` each rank loads the whole model and scores its share
 (gloo on CPU, NCCL on GPU); rank 0 prints and writes.

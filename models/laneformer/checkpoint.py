@@ -128,6 +128,28 @@ class Checkpoint:
         notes.insert(0, f"tokenizer {model} (from {recipe_file}; fingerprint matches {checked} data manifest(s))")
         return model, notes
 
+    def open_tokenizer(self, override: str | Path | None, vocab_size: int) -> tuple[object, list[str]]:
+        """(the tokenizer to use with this checkpoint, notes on where it came from).
+
+        ``override`` (``--tokenizer``) if given, else the checkpoint's own (``tokenizer``), never a
+        default; opened and checked against the model's ``vocab_size`` by ``data.tokenizer.open_tokenizer``.
+        Raises FileNotFoundError when none can be found, ValueError when its ids cannot be the model's.
+        """
+        from data.tokenizer import open_tokenizer
+
+        if override is not None:
+            found, notes = Path(override), [f"tokenizer {override} (from --tokenizer)"]
+        else:
+            try:
+                found, notes = self.tokenizer()
+            except (FileNotFoundError, ValueError) as e:
+                raise type(e)(f"{self.path}: cannot tell which tokenizer this checkpoint was trained with, "
+                              f"and will not guess: {e}") from None
+        try:
+            return open_tokenizer(found, vocab_size), notes
+        except ValueError as e:
+            raise ValueError(f"{self.path}: {e}") from None
+
     def chat_template(self) -> str | None:
         """The template it carries (a ``data.chat.resolve_template`` spec), or None: its own
         file, else the run's recorded ``[data] chat_template`` (``data.chat.checkpoint_template``)."""

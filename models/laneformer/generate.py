@@ -367,9 +367,9 @@ def main(argv: list[str] | None = None) -> list[int]:
         config = checkpoint.model_config(args.flavor, parse_overrides(args.set))
         lanes = lane_range(config.n_lanes, rank, world)
         # eval.run's rule: the checkpoint's own tokenizer, never a default
-        from .tokenizer import checkpoint_tokenizer, continuation_text
+        from data.tokenizer import continuation_text
 
-        tokenizer, notes = checkpoint_tokenizer(checkpoint, args.tokenizer, config.vocab_size)
+        tokenizer, notes = checkpoint.open_tokenizer(args.tokenizer, config.vocab_size)
         for note in notes if rank == 0 else ():
             print(note, file=sys.stderr)
         weights = checkpoint.load_weights(config, lanes)

@@ -210,7 +210,7 @@ def test_a_recipe_template_travels_from_the_shards_to_the_export(tmp_path, capsy
 
     from data.shards import open_source
     from eval.evalplus import chat_prompt_ids
-    from models.laneformer.tokenizer import HFTokenizer
+    from data.tokenizer import HFTokenizer
     from models.laneformer import write_native_config
     from models.laneformer.convert import main as convert_main
     from models.laneformer.hf.checkpoint_io import save_dcp

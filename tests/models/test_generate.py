@@ -94,7 +94,7 @@ def test_ranks_must_divide_the_lanes():
         lane_range(8, 0, 3)
 
 
-# --- the CLI's tokenizer: the checkpoint's own (models.laneformer.tokenizer.checkpoint_tokenizer), never the tiny default ---
+# --- the CLI's tokenizer: the checkpoint's own (Checkpoint.open_tokenizer), never the tiny default ---
 
 TEXT = "an ace can dance"
 
