@@ -1,10 +1,26 @@
-"""Every test runs offline: no Hugging Face Hub, no wandb server."""
+"""Every test runs offline: no Hugging Face Hub, no wandb server.
 
+What tests in several folders share: running train.py for real (recipes in a temp dir, torchrun,
+metrics.jsonl), the launcher's reference run (the session fixture ``reference``), a random tiny model
+and a run dir holding one."""
+
+from __future__ import annotations
+
+import json
 import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
-from tests.helpers import reference_losses
+from data.shards import write_manifest, write_shard
+from data.tokenizer import TINY_TOKENIZER, Tokenizer
+from launch.attempts import history
+from rundir import REPO
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -12,8 +28,181 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
+# --- running train.py for real (tests/train, tests/e2e, tests/launch, tests/bench) ---
+
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def short(tmp_path, steps=12, *extra):
+    """--set values for a short tiny run in ``tmp_path/run``."""
+    return (f"run.output_dir={tmp_path / 'run'}", f"training.steps={steps}", "logging.interval=1",
+            "training.seq_len=64", "training.global_batch=8", "training.micro_batch=4",
+            "schedule.warmup_steps=2", *extra)
+
+
+def train_command(recipe: str, *sets: str, nproc: int = 1) -> list[str]:
+    cmd = [TORCHRUN, "--nnodes", "1", "--nproc-per-node", str(nproc),
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           str(REPO / "train.py"), "--recipe", recipe]
+    if not any(s.startswith("logging.report=") for s in sets):
+        sets = (*sets, "logging.report=false")  # drawing the report costs each run seconds; tests/train/test_report.py draws
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd
+
+
+def env() -> dict:
+    return {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+
+
+def train(recipe: str, *sets: str, nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(train_command(recipe, *sets, nproc=nproc), cwd=REPO, env=env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def metrics(run_dir: Path) -> dict[int, dict]:
+    """step -> the last metrics logged for it (a resumed run re-logs the replayed steps)."""
+    rows = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        rows.setdefault(row["step"], {}).update(row)
+    return rows
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {s: r["loss_metrics/global_avg_loss"] for s, r in metrics(run_dir).items()
+            if "loss_metrics/global_avg_loss" in r}
+
+
+def repeated_batch_source(directory: Path, tokens: int, seed: int = 0) -> Path:
+    """One document of exactly ``tokens`` ids: every step then reads the same batch."""
+    tok = Tokenizer()
+    rng = np.random.default_rng(seed)
+    doc = [tok.bos_id, *rng.integers(3, tok.vocab_size, tokens - 2).tolist(), tok.eos_id]
+    directory.mkdir(parents=True)
+    write_shard(directory / "00000_unshuffled.ds", [doc])
+    write_manifest(directory, {"path": str(TINY_TOKENIZER), "fingerprint": tok.fingerprint,
+                               "vocab_size": tok.vocab_size, "bos_id": tok.bos_id,
+                               "eos_id": tok.eos_id}, {"kind": "test"})
+    return directory
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants at once (torchrun's ranks get their own
+    sessions, so killing its process group is not enough)."""
+    import signal
+
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# --- launcher runs (tests/launch; the session fixture reference below, also for tests/train/test_report.py) ---
+
+STEPS = 20
+# Shortened tiny.toml; deterministic so resumed and uninterrupted runs agree exactly.
+SHORT = (f"training.steps={STEPS}", "training.seq_len=64", "training.global_batch=8", "training.micro_batch=4",
+         "schedule.warmup_steps=2", "logging.interval=1", "run.deterministic=true", "checkpoint.interval=4")
+
+
+def local_command(run: Path) -> list[str]:
+    return [sys.executable, "-m", "launch.local", "--recipe", "tiny.toml", "--nproc", "2",
+            *(f"--set={s}" for s in (f"run.output_dir={run}", *SHORT))]
+
+
+def reference_losses(tmp_path_factory) -> dict[int, float]:
+    """Losses of an uninterrupted 2-rank run; made once per session (the SLURM tests
+    find it in the same folder)."""
+    run = tmp_path_factory.getbasetemp() / "launch-reference"
+    if not history(run) or history(run)[-1].get("action") != "done":
+        result = subprocess.run(local_command(run), cwd=REPO, env=env(), capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+    return losses(run)
+
+
+# --- a random tiny model (tests/train, tests/data, tests/eval, tests/e2e) ---
+
+def tiny_random_model(seed: int = 0):
+    from models.laneformer import model_registry
+    from models.laneformer.model import Laneformer
+
+    config = model_registry("tiny", attn_backend="dense").model
+    torch.manual_seed(seed)
+    model = Laneformer(config)
+    model.init_states()
+    return model.eval()
+
+
+# --- training runs (tests/train, tests/e2e) ---
+
+
+def assert_overfits(tmp_path, nproc, compile, ac):
+    """25 steps of tiny on one repeated batch take the loss below 30% of step 1's."""
+    source = repeated_batch_source(tmp_path / "one", tokens=8 * 64)
+    result = train("tiny.toml", *short(tmp_path, 25, f"parallel.compile={str(compile).lower()}",
+                                       f'parallel.activation_checkpoint="{ac}"',
+                                       f'data.sources=[{{name = "one", path = "{source}", weight = 1.0, max_epochs = 1000}}]',
+                                       "schedule.warmup_steps=2", "training.skip_spikes=false"), nproc=nproc)
+    assert result.returncode == 0, result.stderr[-3000:]
+    values = losses(tmp_path / "run")
+    assert values[25] < 0.3 * values[1], values
+
+
+# --- a checkpoint's own tokenizer (tests/eval/test_eval_run_cli.py, tests/models/test_generate.py) ---
+
+
+def other_tokenizer(folder: Path) -> Path:
+    """A SentencePiece model with the tiny one's size that is not it: pieces 300 ("an") and 301 ("ce")
+    swap ids, so text with them encodes differently. Written as ``folder/tokenizer.model``."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(TINY_TOKENIZER.read_bytes())
+    a, b = proto.pieces[300], proto.pieces[301]
+    a.piece, b.piece = b.piece, a.piece
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.model").write_bytes(proto.SerializeToString())
+    return folder / "tokenizer.model"
+
+
+def write_tiny_run(run: Path, tokenizer: str | Path | None) -> Path:
+    """A run dir as training leaves it (a random tiny model at checkpoints/step-1, laneformer_config.json,
+    recipe.toml naming ``tokenizer`` in [data], no sources; None: no recipe.toml). Returns the step dir."""
+    from models.laneformer import write_native_config
+    from models.laneformer.hf.checkpoint_io import save_dcp
+
+    model = tiny_random_model(seed=3)
+    step = run / "checkpoints" / "step-1"
+    save_dcp({k: v.detach().clone() for k, v in model.state_dict().items()}, step)
+    write_native_config(model.config, run)
+    if tokenizer is not None:
+        (run / "recipe.toml").write_text(f'[data]\ntokenizer = "{tokenizer}"\n')
+    return step
+
+
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory) -> dict[int, float]:
-    """Losses of one uninterrupted, deterministic 2-rank tiny run (tests.helpers.SHORT), made
+    """Losses of one uninterrupted, deterministic 2-rank tiny run (SHORT above), made
     once per session: the launcher, SLURM and kill-and-resume tests all compare against it."""
     return reference_losses(tmp_path_factory)

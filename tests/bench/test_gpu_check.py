@@ -10,7 +10,7 @@ import torch
 
 from bench import gpu_check
 from rundir import REPO
-from tests.helpers import env
+from tests.conftest import env
 
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU behaviour")
 

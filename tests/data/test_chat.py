@@ -215,7 +215,7 @@ def test_a_recipe_template_travels_from_the_shards_to_the_export(tmp_path, capsy
     from models.laneformer.convert import main as convert_main
     from models.laneformer.hf.checkpoint_io import save_dcp
     from rundir import RECIPE_FILE
-    from tests.helpers import tiny_random_model
+    from tests.conftest import tiny_random_model
     from train import recipe as R
     from train.build import export_hooks
     from train.data import main as data_main
@@ -310,7 +310,7 @@ def test_bundled_chat_source_regenerates_byte_identical(tmp_path):
     import sys
 
     from data.shards import verify_checksums
-    from tests.helpers import REPO
+    from rundir import REPO
 
     bundled = REPO / "assets" / "chat"
     subprocess.run([sys.executable, "-m", "data.make_sample_chat", "--out", str(tmp_path)], cwd=REPO, check=True,

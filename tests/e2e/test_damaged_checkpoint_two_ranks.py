@@ -8,7 +8,7 @@ import os
 import pytest
 
 import rundir
-from tests.helpers import losses, train
+from tests.conftest import losses, train
 
 SETS = ("training.seq_len=64", "training.global_batch=8", "training.micro_batch=4", "schedule.warmup_steps=2",
         "logging.interval=1", "logging.tensorboard=false", 'logging.wandb_mode="disabled"',

@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (BUNDLE, PROBS, REPO, WORDS, Bigram, WordTokenizer, needs_bundle, scripted_evalplus,
-                           tiny_random_model, write_tasks)
+from rundir import REPO
+from tests.conftest import tiny_random_model
+from tests.eval.conftest import (
+    BUNDLE, PROBS, WORDS, Bigram, WordTokenizer, needs_bundle, scripted_evalplus, write_tasks,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ costs ~15 s here, so everything shares it; 4 and 2 ranks are subgroups):
 
 - the CLI (``--lane-parallel``) on a trained tiny checkpoint on 8 ranks, and
   the same checkpoint through the library on 4 and 2 ranks;
-- every exchange variant of ``tests.helpers.DECODE_VARIANTS`` (delay 0, 1, 2,
+- every exchange variant of ``tests.models.conftest.DECODE_VARIANTS`` (delay 0, 1, 2,
   4; early present/scaled, with and without sending forward; late
   drop/flush/present; mean-of-norms and norm-of-sum; no delayed exchange), random
   tiny weights, on 8 ranks (one lane each) and 4 (two lanes summed on a rank
@@ -35,9 +35,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import (
-    DECODE_PROMPT, DECODE_VARIANTS, REPO, TORCHRUN, decode_config, env, free_port, model_from_weights, train,
-)
+from rundir import REPO
+from tests.conftest import TORCHRUN, env, free_port, train
+from tests.models.conftest import DECODE_PROMPT, DECODE_VARIANTS, decode_config, model_from_weights
 
 SPLITS = (8, 4, 2)
 VARIANT_SPLITS = (8, 4)

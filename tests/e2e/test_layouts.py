@@ -20,7 +20,7 @@ import torch.distributed as dist
 import rundir
 from models.laneformer import read_native_config
 from models.laneformer.hf.checkpoint_io import load_dcp
-from tests.helpers import losses, train
+from tests.conftest import losses, train
 
 STEPS = 3
 # 8 sequences per step: 4 ranks x micro batch 1 x 2 accumulated micro batches; one process: 1 x 8.

@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers import REPO, losses, metrics, tiny_random_model, train
+from rundir import REPO
+from tests.conftest import losses, metrics, tiny_random_model, train
 
 pytestmark = pytest.mark.slow
 

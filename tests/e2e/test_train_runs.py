@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, SHORT, STEPS, assert_overfits, env, kill_tree, losses, train, train_command
+from rundir import REPO
+from tests.conftest import SHORT, STEPS, assert_overfits, env, kill_tree, losses, train, train_command
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,8 @@ import zipfile
 import yaml
 
 from eval.core_data import CORE_LABELS, V2_BASELINES, load_items, read_manifest
-from tests.helpers import CORE_ROWS, REPO, TOY
+from rundir import REPO
+from tests.eval.conftest import CORE_ROWS, TOY
 
 DELIMITERS = {"arc_easy": "\nAnswer: ", "piqa": "\nAnswer: ", "jeopardy": "\nAnswer: "}
 

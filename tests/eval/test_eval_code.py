@@ -14,7 +14,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a torchrun worker too
-from tests.helpers import tiny_random_model  # noqa: E402
+from tests.conftest import tiny_random_model  # noqa: E402
 
 from data.tokenizer import Tokenizer  # noqa: E402
 from eval.dist import Lockstep  # noqa: E402

@@ -15,7 +15,7 @@ import pytest
 from eval.core import centered, evaluate_core, score_task
 from eval.core_data import CORE_LABELS, CoreTask, load_items, read_manifest
 from eval.core_prompts import build, crop_left, fewshot_examples, render
-from tests.helpers import (
+from tests.eval.conftest import (
     BUNDLE, LM_ITEMS, MC_ITEMS, PROBS, SCHEMA_ITEMS, TOY, WORDS, Bigram, WordTokenizer, needs_bundle,
     write_toy_core_bundle,
 )

@@ -1,7 +1,7 @@
 """lm-eval through eval.lm_harness, offline; the same on an exported HF folder; eval.run end to end
 (on two ranks: tests/e2e/test_eval_two_ranks.py).
 
-The toy bigram model and word tokenizer of tests/helpers.py make every
+The toy bigram model and word tokenizer of tests/eval/conftest.py make every
 log-likelihood and greedy continuation computable by hand.
 """
 
@@ -15,8 +15,9 @@ import pytest
 from lm_eval.api.instance import Instance
 
 from eval.lm_harness import LaneformerLM, flat_metrics, load_task_file, run_lm_eval
-from tests.helpers import (BUNDLE, PROBS, REPO, WORDS, Bigram, WordTokenizer, needs_bundle, tiny_random_model,
-                           write_tasks)
+from rundir import REPO
+from tests.conftest import tiny_random_model
+from tests.eval.conftest import BUNDLE, PROBS, WORDS, Bigram, WordTokenizer, needs_bundle, write_tasks
 
 
 @pytest.fixture(autouse=True)
@@ -134,7 +135,7 @@ def test_run_cli_on_dcp_and_hf(exported, tmp_path, capsys):
 
 def test_trainer_entry_point(toy_lm, tmp_path):
     """What a trainer hook calls: flat float metrics for CORE and lm-eval together."""
-    from tests.helpers import write_toy_core_bundle
+    from tests.eval.conftest import write_toy_core_bundle
 
     from eval.spec import EvalSpec
     from eval.suite import evaluate

@@ -8,7 +8,8 @@ import pytest
 
 from data.tokenizer import TINY_TOKENIZER, Tokenizer
 from eval.run import evalplus_datasets, evalplus_files, main
-from tests.helpers import other_tokenizer, write_tiny_run, write_toy_core_bundle
+from tests.conftest import other_tokenizer, write_tiny_run
+from tests.eval.conftest import write_toy_core_bundle
 
 
 def exit_2(capsys, argv) -> str:
@@ -71,7 +72,7 @@ def test_an_import_is_scored_with_the_tokenizer_files_beside_its_weights(tmp_pat
     ones do): eval.run on the import itself, no recipe, scores as on the release."""
     from models.laneformer.hf.export import export_hf
     from models.laneformer.hf.import_hf import import_hf
-    from tests.helpers import tiny_random_model
+    from tests.conftest import tiny_random_model
 
     model = tiny_random_model(seed=4)
     release = export_hf({k: v.detach().clone() for k, v in model.state_dict().items()}, model.config,

@@ -17,8 +17,8 @@ import torch
 
 from eval import evalplus
 from eval.evalplus import EvalPlusDataError, check_solutions, load_tasks
+from tests.eval.conftest import ADD, scripted_evalplus
 from tests.eval.evalplus_cases import COMPLETIONS, FIXED, HUMANEVAL, MBPP, write_release
-from tests.helpers import ADD, scripted_evalplus
 
 # EvalPlus's own pipeline on the same files: evalplus.sanitize, then evalplus.evaluate.evaluate (its
 # loader through its override variables, read at import: set in this subprocess's environment).

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from launch.attempts import checkpoint_step, history
-from tests.helpers import (REPO, STEPS, env, kill_tree, local_command, logged_steps, losses, wait_for)
+from rundir import REPO
+from tests.conftest import STEPS, env, kill_tree, local_command, losses
+from tests.launch.conftest import logged_steps, wait_for
 
 def started_at(log: str) -> list[int]:
     """The step each start of training began at, as torchtitan logs it after loading a checkpoint

@@ -21,9 +21,10 @@ from launch import attempts
 from launch.attempts import checkpoint_step, history, job_info
 from launch.slurm import job_ids
 from launch.slurm import main as slurm_main
-from tests.helpers import SHORT, STEPS, logged_steps, wait_for
+from rundir import REPO
+from tests.conftest import SHORT, STEPS, losses
+from tests.launch.conftest import logged_steps, wait_for
 from tests.launch.test_launch_local import started_at
-from tests.helpers import REPO, losses
 
 SLURM_SH = REPO / "launch" / "ci" / "slurm.sh"
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}

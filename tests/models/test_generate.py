@@ -16,7 +16,7 @@ from models.laneformer.checkpoint import LANE_WEIGHT, open_checkpoint
 from models.laneformer.generate import LaneDecoder, greedy, lane_range, random_weights
 from models.laneformer.hf.checkpoint_io import save_dcp
 from models.laneformer.hf.export import export_hf
-from tests.helpers import DECODE_PROMPT, DECODE_VARIANTS, decode_config, model_from_weights
+from tests.models.conftest import DECODE_PROMPT, DECODE_VARIANTS, decode_config, model_from_weights
 
 BASE = decode_config()
 VARIANTS = DECODE_VARIANTS
@@ -102,7 +102,7 @@ TEXT = "an ace can dance"
 def test_the_cli_decodes_with_the_tokenizer_the_run_names(tmp_path, capsys):
     from data.tokenizer import TINY_TOKENIZER, Tokenizer
     from models.laneformer.generate import main
-    from tests.helpers import other_tokenizer, write_tiny_run
+    from tests.conftest import other_tokenizer, write_tiny_run
 
     other = other_tokenizer(tmp_path / "tok")
     prompt = Tokenizer(other).encode(TEXT, bos=True)
@@ -119,7 +119,7 @@ def test_the_cli_decodes_with_the_tokenizer_the_run_names(tmp_path, capsys):
 
 def test_the_cli_refuses_a_checkpoint_whose_tokenizer_it_cannot_find(tmp_path):
     from models.laneformer.generate import main
-    from tests.helpers import write_tiny_run
+    from tests.conftest import write_tiny_run
 
     step = write_tiny_run(tmp_path / "run", None)
     with pytest.raises(FileNotFoundError, match=rf"{tmp_path / 'run'}: cannot tell which tokenizer .*{step}: no "

@@ -28,7 +28,7 @@ from models.laneformer.hf.checkpoint_io import load_dcp, save_dcp
 from models.laneformer.hf.export import export_hf, to_hf
 from models.laneformer.hf.import_hf import import_hf
 from models.laneformer.model import Laneformer
-from tests.helpers import write_toy_core_bundle
+from tests.eval.conftest import write_toy_core_bundle
 
 # SDPA with the BlockMask's own mask_mod: no flex compile on CPU
 CPU_ATTENTION = {"inner_attention": DenseMaskFlexAttention.Config()}

@@ -16,7 +16,7 @@ from eval.lm_harness import LaneformerLM
 from models.laneformer.hf.safetensors_io import read_weights, write_weights
 from models.laneformer.push import push
 from rundir.progress import progress
-from tests.helpers import PROBS, TOY, WORDS, Bigram, WordTokenizer
+from tests.eval.conftest import PROBS, TOY, WORDS, Bigram, WordTokenizer
 
 LINE = re.compile(r"(?P<desc>.*): +(?P<pct>\d+)% (?P<n>\d+)/(?P<total>\d+) \[")
 

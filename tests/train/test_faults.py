@@ -14,7 +14,8 @@ import torch
 import rundir
 from models.laneformer.state_dict_adapter import hf_to_native_name
 from train.exits import EXIT_FILE_ENV, Exit
-from tests.helpers import REPO, env, free_port, losses, metrics
+from rundir import REPO
+from tests.conftest import env, free_port, losses, metrics
 
 SHORT = ("training.seq_len=64", "training.global_batch=8", "training.micro_batch=4", "schedule.warmup_steps=2",
          "logging.interval=1", "logging.tensorboard=false", 'logging.wandb_mode="disabled"',

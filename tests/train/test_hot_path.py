@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import REPO, env, free_port
+from rundir import REPO
+from tests.conftest import env, free_port
 
 STEPS, LOG_EVERY = 9, 4
 

@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, env
+from rundir import REPO
+from tests.conftest import env
 from train import plan as P
 from train import recipe as R
 from train.build import model_config

@@ -179,7 +179,7 @@ def release_with_template(folder, template: str | None):
 
     from data.tokenizer import TINY_TOKENIZER
     from models.laneformer.hf.export import export_hf
-    from tests.helpers import tiny_random_model
+    from tests.conftest import tiny_random_model
 
     model = tiny_random_model()
     export_hf(model.state_dict(), model.config, folder, tokenizer_dir=TINY_TOKENIZER)

@@ -19,7 +19,7 @@ import pytest
 
 from launch.attempts import begin, end, exit_file
 from rundir import METRICS_FILE, REPO
-from tests.helpers import SHORT, losses, train
+from tests.conftest import SHORT, losses, train
 from train import recipe as R
 from train.hooks import MetricsJsonl
 from train.report import ReportError, write_report
@@ -29,7 +29,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def reference_run(tmp_path_factory) -> Path:
-    return tmp_path_factory.getbasetemp() / "launch-reference"  # tests.helpers.reference_losses
+    return tmp_path_factory.getbasetemp() / "launch-reference"  # tests.conftest.reference_losses
 
 
 def data_of(page: Path) -> dict:

@@ -13,7 +13,7 @@ import pytest
 
 import rundir
 from launch import attempts
-from tests.helpers import REPO
+from rundir import REPO
 from tests.train.test_faults import train_rank0
 from train import recipe as R
 from train.build import preflight

@@ -10,8 +10,10 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, env, losses, metrics, train, train_command, wandb_history
-from tests.helpers import assert_overfits, short, write_toy_core_bundle
+from rundir import REPO
+from tests.conftest import assert_overfits, env, losses, metrics, short, train, train_command
+from tests.eval.conftest import write_toy_core_bundle
+from tests.train.conftest import wandb_history
 
 
 # ---- bad input never starts a run ---------------------------------------------------

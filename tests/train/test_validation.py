@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from rundir import REPO
-from tests.helpers import env
+from tests.conftest import env
 from train import recipe as R
 from train.build import preflight
 
