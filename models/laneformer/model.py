@@ -88,7 +88,7 @@ def _normal(std: float):
 
 
 class LaneLinear(Module):
-    """A lane-batched linear: lane ``l`` maps ``x[..., l, :]`` with ``weight[l]``.
+    """A lane-batched linear: lane ``l`` maps ``x[l]`` with ``weight[l]``, lanes first (``to_lanes``).
 
     Row linears (``wq, wk, wv, w1, w3``) read the full width and produce the
     lane's share; column linears (``wo, w2``) map the share back to a full-width
@@ -108,15 +108,14 @@ class LaneLinear(Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # [B, S, L, in] x [L, out, in] -> [B, S, L, out], one batched matmul over lanes.
-        B, S, L, _ = x.shape
-        return _LaneMatmul.apply(x.reshape(B * S, L, -1), self.weight).reshape(B, S, L, -1)
+        # [L, ..., in] x [L, out, in] -> [L, ..., out], one batched matmul over lanes.
+        return _LaneMatmul.apply(x.reshape(x.shape[0], -1, x.shape[-1]), self.weight).reshape(*x.shape[:-1], -1)
 
 
 class _LaneMatmul(torch.autograd.Function):
-    """``y[:, l] = x[:, l] @ w[l]^T`` for ``x: [N, L, in]``, ``w: [L, out, in]``.
+    """``y[l] = x[l] @ w[l]^T`` for ``x: [L, N, in]``, ``w: [L, out, in]``.
 
-    Why not plain ``bmm(x^T, w^T)``: autograd's bmm formula yields the weight
+    Why not plain ``bmm(x, w^T)``: autograd's bmm formula yields the weight
     gradient as ``[L, in, out]``, whose transpose the gradient accumulation then
     copies into the weight's layout, a full pass over every lane weight per
     step (``train.py --plan --ops``). Here ``dw = g^T x`` comes out in ``[L, out, in]``.
@@ -126,15 +125,14 @@ class _LaneMatmul(torch.autograd.Function):
     @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, x, w):
         ctx.save_for_backward(x, w)
-        return torch.bmm(x.transpose(0, 1), w.transpose(1, 2)).transpose(0, 1)
+        return torch.bmm(x, w.transpose(1, 2))
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, g):
         x, w = ctx.saved_tensors
-        g = g.transpose(0, 1)  # [L, N, out]
-        dx = torch.bmm(g, w).transpose(0, 1) if ctx.needs_input_grad[0] else None
-        dw = torch.bmm(g.transpose(1, 2), x.transpose(0, 1)) if ctx.needs_input_grad[1] else None
+        dx = torch.bmm(g, w) if ctx.needs_input_grad[0] else None
+        dw = torch.bmm(g.transpose(1, 2), x) if ctx.needs_input_grad[1] else None
         return dx, dw
 
 
@@ -151,22 +149,23 @@ class LaneRMSNorm(RMSNorm):
         return torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], self.weight, eps)
 
 
-def normed_lane_matmul(x: torch.Tensor, norm: LaneRMSNorm, *linears: LaneLinear) -> torch.Tensor:
-    """``cat([lin(norm(x)) for lin in linears], -1)``: the row lane linears that read one norm, as one step.
+def normed_lane_matmul(x: torch.Tensor, norm: LaneRMSNorm, *linears: LaneLinear) -> tuple[torch.Tensor, ...]:
+    """``tuple(lin(norm(x)) for lin in linears)``: the row lane linears that read one norm, as one step.
 
-    ``x: [B, S, L, D]``; the weights ``[L, out_i, D]`` are concatenated on ``out`` for the matmul only,
-    so parameters, checkpoints and exports keep one tensor per linear.
+    ``x: [L, ..., D]``, lanes first (``to_lanes``); the weights ``[L, out_i, D]`` are concatenated
+    on ``out`` for the matmul only, so parameters, checkpoints and exports keep one tensor per
+    linear. The outputs are separate tensors (not one to be split), so that a compiled backward
+    can form the scaled gradient ``_NormedLaneMatmul`` needs in the kernels that make theirs.
     """
-    B, S, L, D = x.shape
-    x = x.reshape(B * S, L, D)
+    L, D = x.shape[0], x.shape[-1]
     with torch.no_grad():  # the norm's gradients come from _NormedLaneMatmul's backward
-        xn, rstd = norm.with_rstd(x)
-    y = _NormedLaneMatmul.apply(x, xn, rstd, norm.weight, *(lin.weight for lin in linears))
-    return y.reshape(B, S, L, -1)
+        xn, rstd = norm.with_rstd(x.reshape(L, -1, D))
+    ys = _NormedLaneMatmul.apply(x.reshape(L, -1, D), xn, rstd, norm.weight, *(lin.weight for lin in linears))
+    return tuple(y.reshape(*x.shape[:-1], -1) for y in ys)
 
 
 class _NormedLaneMatmul(torch.autograd.Function):
-    """``y[:, l] = xn[:, l] @ cat(ws)[l]^T`` for ``xn = rmsnorm(x): [N, L, D]``, ``ws[i]: [L, out_i, D]``,
+    """``ys[i][l] = xn[l] @ ws[i][l]^T`` for ``xn = rmsnorm(x): [L, N, D]``, ``ws[i]: [L, out_i, D]``,
     differentiated with respect to ``x``, the norm weight and ``ws``.
 
     Why: the row linears that read one norm (q, k, v; w1, w3) are one matmul, so the normed
@@ -175,29 +174,31 @@ class _NormedLaneMatmul(torch.autograd.Function):
     keeps only ``x`` (the residual stream, held anyway) and ``r = 1/rms(x)`` per lane row.
     The forward is the norm's own kernel and the matmul, so values equal ``norm`` then the
     separate linears bit for bit. The backward needs no normed tensor: with ``W' = W * g``
-    (``g`` the norm weight), ``dW' = (r g_y)^T x``, ``dW = dW' * g``, ``dg = sum(dW' * W)``, and
-    RMSNorm's ``dx = u - x r^2 (x . u) / D`` with ``u = (r g_y) @ W'``.
+    (``g`` the norm weight) and ``g_y`` the outputs' gradients side by side, ``dW' = (r g_y)^T x``,
+    ``dW = dW' * g``, ``dg = sum(dW' * W)``, and RMSNorm's ``dx = u - x r^2 (x . u) / D`` with
+    ``u = (r g_y) @ W'``.
     """
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, x, xn, r, norm_weight, *weights):
         ctx.save_for_backward(x, norm_weight, r, *weights)
-        return torch.bmm(xn.transpose(0, 1), torch.cat(weights, dim=1).transpose(1, 2)).transpose(0, 1)
+        y = torch.bmm(xn, torch.cat(weights, dim=1).transpose(1, 2))
+        return tuple(y.split([w.shape[1] for w in weights], dim=-1))
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
-    def backward(ctx, g):
+    def backward(ctx, *gs):
         x, norm_weight, r, *weights = ctx.saved_tensors
         D = x.shape[-1]
         w = torch.cat(weights, dim=1)
-        gz = (g * r.to(g.dtype)).transpose(0, 1)  # [L, N, out]
+        gz = torch.cat([g * r.to(g.dtype) for g in gs], dim=-1)  # [L, N, out], scaled where each g is made
         dx = None
         if ctx.needs_input_grad[0]:
-            u = torch.bmm(gz, w * norm_weight).transpose(0, 1)  # [N, L, D]
+            u = torch.bmm(gz, w * norm_weight)  # [L, N, D]
             dot = (x * u).sum(dim=-1, keepdim=True, dtype=r.dtype)
             dx = torch.addcmul(u, x, (dot * r.square() / D).to(x.dtype), value=-1)
-        dw = torch.bmm(gz.transpose(1, 2), x.transpose(0, 1))  # [L, out, D], the weight scaled by the norm's
+        dw = torch.bmm(gz.transpose(1, 2), x)  # [L, out, D], the weight scaled by the norm's
         dnorm = (dw * w).sum(dim=(0, 1)) if ctx.needs_input_grad[3] else None
         dws = (dw * norm_weight).split([w.shape[1] for w in weights], dim=1)
         return dx, None, None, dnorm, *dws
@@ -236,20 +237,22 @@ class LaneAttention(Module):
         self.inner_attention = config.inner_attention.build()
 
     def forward(self, x, norm: LaneRMSNorm, attention_mask: BlockMask, positions: torch.Tensor | None):
-        """Attention of ``norm(x)`` (the norm is applied inside the q/k/v matmul: ``normed_lane_matmul``)."""
-        B, S, L, _ = x.shape
+        """Attention of ``norm(x)``, lanes first (``x: [L, B, S, D]``, as the output; the norm is
+        applied inside the q/k/v matmul: ``normed_lane_matmul``)."""
+        L, B, S, _ = x.shape
+        q, k, v = normed_lane_matmul(x, norm, self.wq, self.wk, self.wv)
+
+        def heads(t, n):  # [L, B, S, n/L * hd] -> [B, S, n, hd] in lane-major head order
+            return from_lanes(t).reshape(B, S, n, self.head_dim)
+
         # Lane-major head order: lane l owns heads [l*H/L, (l+1)*H/L), so the
         # GQA group of every query head stays inside its lane.
-        qkv = normed_lane_matmul(x, norm, self.wq, self.wk, self.wv)
-        q, k, v = qkv.split([self.n_heads * self.head_dim // L, *2 * [self.n_kv_heads * self.head_dim // L]], dim=-1)
-        q = q.reshape(B, S, self.n_heads, self.head_dim)
-        k = k.reshape(B, S, self.n_kv_heads, self.head_dim)
-        v = v.reshape(B, S, self.n_kv_heads, self.head_dim)
+        q, k, v = heads(q, self.n_heads), heads(k, self.n_kv_heads), heads(v, self.n_kv_heads)
         q, k = self.rope(q, k, positions)
         out = self.inner_attention(
             q, k, v, attention_masks=attention_mask, enable_gqa=self.n_heads != self.n_kv_heads
         )
-        return self.wo(out.reshape(B, S, L, -1))
+        return self.wo(to_lanes(out.reshape(B, S, L, -1)))
 
 
 class LaneFeedForward(Module):
@@ -271,8 +274,9 @@ class LaneFeedForward(Module):
         self.w2 = LaneLinear.Config(n_lanes=L, in_features=h, out_features=config.dim, param_init=config.w2w3_init).build()
 
     def forward(self, x: torch.Tensor, norm: LaneRMSNorm) -> torch.Tensor:
-        """The MLP of ``norm(x)``; w1 and w3 are one matmul that applies the norm (``normed_lane_matmul``)."""
-        gate, up = normed_lane_matmul(x, norm, self.w1, self.w3).chunk(2, dim=-1)
+        """The MLP of ``norm(x)``, lanes first (``[L, B, S, D]``, as the output); w1 and w3 are one
+        matmul that applies the norm (``normed_lane_matmul``)."""
+        gate, up = normed_lane_matmul(x, norm, self.w1, self.w3)
         return self.w2(F.silu(gate) * up)
 
 
@@ -299,27 +303,60 @@ class _Exchange(torch.autograd.Function):
     def forward(ctx, x, o, arrival, reduce: Reduce, sends: bool):
         ctx.set_materialize_grads(False)
         ctx.reduce, ctx.lanes, ctx.has_arrival = reduce, o.shape[2], arrival is not None
-        total = o.sum(dim=2, keepdim=True) if reduce == "present" or sends else None
+        x, o = to_lanes(x), to_lanes(o)
+        total = lane_sum(o) if reduce == "present" or sends else None
         if reduce == "present":
             new = x + total
         elif reduce == "scaled":
-            new = torch.add(x, o, alpha=math.sqrt(o.shape[2]))
+            new = torch.add(x, o, alpha=math.sqrt(o.shape[0]))
         else:
             new = x + o
         if arrival is not None:
-            new = new + arrival
-        return new, (total - o if sends else None)
+            new = new + to_lanes(arrival)
+        return from_lanes(new), (from_lanes(total - o) if sends else None)
 
     @staticmethod
     def backward(ctx, g, g_send):
+        g_lanes = to_lanes(g)
+        g_send = None if g_send is None else to_lanes(g_send)
         if ctx.reduce == "present":
-            g_total = g.sum(dim=2, keepdim=True)
-            g_o = g_total.expand_as(g) if g_send is None else (g_total + g_send.sum(dim=2, keepdim=True)) - g_send
+            g_total = lane_sum(g_lanes)
+            g_o = g_total.expand_as(g_lanes) if g_send is None else (g_total + lane_sum(g_send)) - g_send
         else:
-            g_o = g * math.sqrt(ctx.lanes) if ctx.reduce == "scaled" else g
+            g_o = g_lanes * math.sqrt(ctx.lanes) if ctx.reduce == "scaled" else g_lanes
             if g_send is not None:
-                g_o = g_o - g_send + g_send.sum(dim=2, keepdim=True)
-        return g, g_o, (g if ctx.has_arrival else None), None, None
+                g_o = g_o - g_send + lane_sum(g_send)
+        return g, from_lanes(g_o), (g if ctx.has_arrival else None), None, None
+
+
+def to_lanes(t: torch.Tensor) -> torch.Tensor:
+    """``[B, S, L, D]`` as ``[L, B, S, D]`` (a view): the order the residual stream is stored in.
+
+    Why lane-major: the lane matmuls read and write ``[L, B*S, D]`` blocks, so a residual stream
+    stored lane by lane is their operand as is; and the exchange's elementwise kernels, written
+    in this order, iterate it in memory order (Inductor fuses kernels only when their loops match).
+    """
+    return t.permute(2, 0, 1, 3)
+
+
+def from_lanes(t: torch.Tensor) -> torch.Tensor:
+    """``to_lanes``'s inverse (a view)."""
+    return t.permute(1, 2, 0, 3)
+
+
+def lane_sum(t: torch.Tensor) -> torch.Tensor:
+    """``t.sum(dim=0, keepdim=True)`` for lanes first (``to_lanes``); compiled, as ``L - 1`` adds of lanes.
+
+    Why: Inductor makes a reduction over lanes its own kernel, which its consumers then read
+    besides the lanes; a sum of lanes is elementwise, so it fuses into the kernels that read the
+    lanes anyway (the exchange: one kernel, not three). Eager keeps ``torch.sum``.
+    """
+    if not torch.compiler.is_compiling():
+        return t.sum(dim=0, keepdim=True)
+    acc = t[:1].to(torch.promote_types(t.dtype, torch.float32))  # bf16 lanes summed in fp32, as torch.sum
+    for lane in range(1, t.shape[0]):
+        acc = acc + t[lane:lane + 1]
+    return acc.to(t.dtype)
 
 
 class LaneBlock(Module):
@@ -344,10 +381,11 @@ class LaneBlock(Module):
         self.reduce, self.sends, self.window = config.reduce, config.sends, config.window
 
     def forward(self, x, attn_arrival, mlp_arrival, attention_mask, positions):
-        o = self.attention(x, self.attention_norm, attention_mask, positions)
-        x, attn_send = _add_partial(x, o, self.reduce, attn_arrival, self.sends)
-        o = self.feed_forward(x, self.ffn_norm)
-        x, mlp_send = _add_partial(x, o, self.reduce, mlp_arrival, self.sends)
+        """``x`` and the arrivals ``[B, S, L, D]``; the sub-blocks work lanes first (``to_lanes``)."""
+        o = self.attention(to_lanes(x), self.attention_norm, attention_mask, positions)
+        x, attn_send = _add_partial(x, from_lanes(o), self.reduce, attn_arrival, self.sends)
+        o = self.feed_forward(to_lanes(x), self.ffn_norm)
+        x, mlp_send = _add_partial(x, from_lanes(o), self.reduce, mlp_arrival, self.sends)
         return x, attn_send, mlp_send
 
 

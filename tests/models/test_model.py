@@ -142,11 +142,14 @@ def test_no_delay_equals_dense_transformer(flavor):
 
 
 def residual_trace(model, tokens, perturb=None):
-    """Residual streams after every sub-block: [(layer, 'attn'|'mlp', x[B,S,L,D])]."""
+    """Residual streams after every sub-block: [(layer, 'attn'|'mlp', x[B,S,L,D])] (the sub-blocks
+    take and return lanes first: ``to_lanes``)."""
+    from models.laneformer.model import from_lanes
+
     trace, hooks = [], []
     for i, layer in model.layers.items():
         hooks.append(layer.feed_forward.register_forward_pre_hook(
-            lambda m, args, i=i: trace.append((int(i), "attn", args[0].clone()))))
+            lambda m, args, i=i: trace.append((int(i), "attn", from_lanes(args[0]).clone()))))
         hooks.append(layer.register_forward_hook(
             lambda m, args, out, i=i: trace.append((int(i), "mlp", out[0].clone()))))
     if perturb:
@@ -155,7 +158,7 @@ def residual_trace(model, tokens, perturb=None):
 
         def add_noise(m, args, out):
             out = out.clone()
-            out[:, :, lane] += torch.randn_like(out[:, :, lane])
+            out[lane] += torch.randn_like(out[lane])
             return out
 
         hooks.append(module.register_forward_hook(add_noise))
@@ -198,11 +201,14 @@ def test_early_present_layers_reach_all_lanes_at_once():
 
 
 def attention_output(model, layer, x, positions=None):
+    """The attention sub-block of ``x: [B, S, L, D]`` (it works lanes first: ``to_lanes``)."""
+    from models.laneformer.model import from_lanes, to_lanes
+
     tokens = torch.zeros(x.shape[:2], dtype=torch.long)
     block = model.layers[str(layer)]
     mask = model.attention_masks(tokens, positions)[block.window]
     with torch.no_grad():
-        return block.attention(x, block.attention_norm, mask, positions)
+        return from_lanes(block.attention(to_lanes(x), block.attention_norm, mask, positions))
 
 
 def test_window_layer_ignores_tokens_beyond_the_window():
@@ -267,16 +273,18 @@ def spec_update(cfg, outputs, i):
     {"late_mode": "flush", "delay": 1},
 ])
 def test_residual_updates_follow_the_spec_formula(variant):
+    from models.laneformer.model import from_lanes
+
     model = build("tiny", n_layers=6, window_layers=[], **variant)
     cfg = model.config
-    outs = {"attn": {}, "mlp": {}}
+    outs = {"attn": {}, "mlp": {}}  # [B, S, L, D] (the sub-blocks work lanes first)
     states = {}  # (layer, point) -> residual
     for i, layer in model.layers.items():
         i = int(i)
-        layer.attention.register_forward_hook(lambda m, a, out, i=i: outs["attn"].__setitem__(i, out))
-        layer.feed_forward.register_forward_hook(lambda m, a, out, i=i: outs["mlp"].__setitem__(i, out))
+        layer.attention.register_forward_hook(lambda m, a, out, i=i: outs["attn"].__setitem__(i, from_lanes(out)))
+        layer.feed_forward.register_forward_hook(lambda m, a, out, i=i: outs["mlp"].__setitem__(i, from_lanes(out)))
         layer.register_forward_pre_hook(lambda m, a, i=i: states.__setitem__((i, "in"), a[0]))
-        layer.feed_forward.register_forward_pre_hook(lambda m, a, i=i: states.__setitem__((i, "attn"), a[0]))
+        layer.feed_forward.register_forward_pre_hook(lambda m, a, i=i: states.__setitem__((i, "attn"), from_lanes(a[0])))
         layer.register_forward_hook(lambda m, a, out, i=i: states.__setitem__((i, "mlp"), out[0]))
     with torch.no_grad():
         model(torch.randint(0, cfg.vocab_size, (1, 12)))
@@ -303,16 +311,18 @@ def test_the_normed_lane_matmul_equals_norm_then_separate_matmuls_forward_and_ba
         norm.weight.uniform_(0.5, 1.5)
         for lin in linears:
             lin.weight.normal_()
-    x = torch.randn(2, 3, L, D, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(L, 2, 3, D, dtype=torch.float64, requires_grad=True)  # lanes first
     params = [x, norm.weight, *(lin.weight for lin in linears)]
-    grad = torch.randn(2, 3, L, sum(outs), dtype=torch.float64)
+    grads = [torch.randn(L, 2, 3, o, dtype=torch.float64) for o in outs]
 
     got = normed_lane_matmul(x, norm, *linears)
-    got_grads = torch.autograd.grad(got, params, grad)
+    got_grads = torch.autograd.grad(got, params, grads)
     xn = F.rms_norm(x, (D,), norm.weight, 1e-5)
-    want = torch.cat([torch.einsum("bsli,loi->bslo", xn, lin.weight) for lin in linears], dim=-1)
-    want_grads = torch.autograd.grad(want, params, grad)
-    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    want = [torch.einsum("lbsi,loi->lbso", xn, lin.weight) for lin in linears]
+    want_grads = torch.autograd.grad(want, params, grads)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
 
@@ -320,9 +330,12 @@ def test_the_normed_lane_matmul_equals_norm_then_separate_matmuls_forward_and_ba
 @pytest.mark.parametrize("reduce,sends,arrives", [("own", True, True), ("own", False, True), ("own", True, False),
                                                   ("present", False, False), ("present", True, False),
                                                   ("scaled", False, False)])
-def test_the_exchange_step_has_the_gradients_of_its_formula(reduce, sends, arrives):
+def test_the_exchange_step_has_the_gradients_of_its_formula(reduce, sends, arrives, compiled=False):
     from models.laneformer.model import _add_partial
 
+    if compiled:  # lane_sum is a sum of lane slices there, and the block's layout lanes first
+        torch._dynamo.reset()
+        _add_partial = torch.compile(_add_partial, fullgraph=True)
     torch.manual_seed(0)
     L = 4
     x, o, arrival = (torch.randn(2, 3, L, 5, dtype=torch.float64, requires_grad=True) for _ in range(3))
@@ -343,3 +356,8 @@ def test_the_exchange_step_has_the_gradients_of_its_formula(reduce, sends, arriv
     want = torch.autograd.grad(want_outputs, inputs, grads)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("reduce,sends,arrives", [("own", True, True), ("present", True, False)])
+def test_the_compiled_exchange_step_has_the_same_values_and_gradients(reduce, sends, arrives):
+    test_the_exchange_step_has_the_gradients_of_its_formula(reduce, sends, arrives, compiled=True)

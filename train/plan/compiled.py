@@ -160,6 +160,7 @@ def _layer_args(config, layer: int, shape: Shape, dense: bool, dtype: torch.dtyp
     from torchtitan.models.common.attention import FlexAttention
 
     from models.laneformer.dense_twin import llama3_twin
+    from models.laneformer.model import from_lanes
 
     from .step import AttentionStandIn, _define_stand_ins
 
@@ -173,12 +174,16 @@ def _layer_args(config, layer: int, shape: Shape, dense: bool, dtype: torch.dtyp
             module.window = config.window_of(layer) or 0
     B, S = shape.micro_batch, shape.seq_len
     width = (B, S, config.dim) if dense else (B, S, config.n_lanes, config.dim)
-    x = torch.empty(width, dtype=dtype, requires_grad=True)
     if dense:
-        return block, (x, None, None)
+        return block, (torch.empty(width, dtype=dtype, requires_grad=True), None, None)
+
+    def lane_wide():  # as the layer gets them in training: stored lane-major (models.laneformer.model.to_lanes)
+        B, S, L, D = width
+        return from_lanes(torch.empty(L, B, S, D, dtype=dtype)).requires_grad_()
+
     reduce, sends = config.exchange_of(layer)
     receives = layer >= config.delay and config.delay > 0 and config.exchange_of(layer - config.delay)[1]
-    arrivals = [torch.empty(width, dtype=dtype, requires_grad=True) if receives else None for _ in range(2)]
+    x, arrivals = lane_wide(), [lane_wide() if receives else None for _ in range(2)]
     return block, (x, *arrivals, None, None)
 
 
