@@ -68,10 +68,6 @@ def ranks(tmp_path_factory) -> list[dict]:
            str(Path(__file__).resolve()), str(out)]
     env = {**os.environ, "HF_DATASETS_CACHE": str(out / "hf_datasets"), "PYTHONPATH": str(REPO)}
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
-    if proc.returncode != 0 and "terminate called without an active exception" in proc.stderr:
-        # Seen once in ~12 launches: a rank aborted by C++ std::terminate during lm-eval's forwards on
-        # gloo, cause not found; one retry keeps CI honest about everything else (see the issue note).
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + "\n" + "\n".join(
         line for line in proc.stderr.splitlines() if "Task:" not in line and "it/s]" not in line)[-8000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -74,12 +74,19 @@ def test_the_roofline_optimizer_shard_follows_fsdps_placement():
     assert P._shard_numel(norm, 0, 192) == 16  # ceil(3072 / 192), padded as FSDP pads
 
 
-def test_a_tiny_plan_prints_every_line_tools_read():
-    result = subprocess.run([sys.executable, "train.py", "--recipe", "tiny.toml", "--plan", "--gpus", "2",
-                             "--gpu", "h200", "--ops", "--compiled", "--sweep"],
-                            cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
+PLAN = [sys.executable, "train.py", "--recipe", "tiny.toml", "--plan", "--gpus", "2", "--gpu", "h200"]
+
+
+@pytest.fixture(scope="module")
+def text_plan() -> str:
+    """The tiny recipe's whole plan as text, made once for the tests that read it."""
+    result = subprocess.run(PLAN + ["--ops", "--compiled", "--sweep"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    out = result.stdout
+    return result.stdout
+
+
+def test_a_tiny_plan_prints_every_line_tools_read(text_plan):
+    out = text_plan
     peak = re.search(r"^peak memory per GPU: ([\d.]+) GiB of ([\d.]+) GiB \((fits|does not fit)\)$", out, re.M)
     assert peak and peak.group(3) == "fits" and float(peak.group(2)) == pytest.approx(140.4, abs=0.1)
     for pattern in (r"^sharded params\+grads\+optimizer per GPU: [\d.]+ GiB$", r"^activations per GPU: [\d.]+ GiB$",
@@ -111,19 +118,18 @@ def test_dry_run_refuses_a_plan_beyond_max_epochs():
     assert "prose (" in result.stderr and "epochs > max_epochs=4.0" in result.stderr
 
 
-def test_plan_json_carries_the_numbers_of_the_text():
-    args = [sys.executable, "train.py", "--recipe", "tiny.toml", "--plan", "--gpus", "2"]
-    text, js = (subprocess.run(args + extra, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
-                for extra in ([], ["--json"]))
+def test_plan_json_carries_the_numbers_of_the_text(text_plan):
+    """``--json`` alone (no tables, no sweep) gives the numbers of the whole text plan."""
+    js = subprocess.run(PLAN + ["--json"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
     assert js.returncode == 0, js.stderr[-3000:]
     plan = __import__("json").loads(js.stdout)
-    peak = re.search(r"^peak memory per GPU: ([\d.]+) GiB", text.stdout, re.M)
+    peak = re.search(r"^peak memory per GPU: ([\d.]+) GiB", text_plan, re.M)
     assert plan["memory"]["peak_gib"] == pytest.approx(float(peak.group(1)), abs=0.006)
     for key, label in (("roofline", "roofline"), ("compiled", "compiled roofline")):
-        tps = re.search(rf"^{label}: ([\d,]+) tokens/s/GPU", text.stdout, re.M).group(1)
+        tps = re.search(rf"^{label}: ([\d,]+) tokens/s/GPU", text_plan, re.M).group(1)
         speed = plan[key] if key == "roofline" else plan[key]["roofline"]
         assert round(speed["tokens_per_s"]) == int(tps.replace(",", ""))
-    ratio = re.search(r"^lanes/dense compiled roofline step ratio: ([\d.]+)$", text.stdout, re.M).group(1)
+    ratio = re.search(r"^lanes/dense compiled roofline step ratio: ([\d.]+)$", text_plan, re.M).group(1)
     assert plan["compiled"]["lanes_dense_ratio"] == pytest.approx(float(ratio), abs=0.006)
 
 
