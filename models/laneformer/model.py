@@ -1,7 +1,9 @@
 """Laneformer: a Llama-style decoder whose hidden state has a lane axis.
 
-Every lane carries its own full residual stream (``x: [B, S, L, D]``). The
-projections are lane-batched: lane ``l`` only uses its slice of each weight
+Every lane carries its own full residual stream (``x: [B, S, L, D]``, stored
+lane by lane: the sub-blocks work on ``to_lanes(x)``, ``[L, B, S, D]``, the
+layout of the lane matmuls, so a compiled block fuses its elementwise work
+into few kernels). The projections are lane-batched: lane ``l`` only uses its slice of each weight
 (row linears ``wq, wk, wv, w1, w3``: ``[L, out/L, D]``; column linears ``wo,
 w2``: ``[L, D, in/L]``), so inside a block nothing crosses lanes and lane ``l``
 owns query heads ``l*H/L ...`` and the KV heads of its own GQA groups.
