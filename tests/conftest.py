@@ -52,6 +52,9 @@ def train_command(recipe: str, *sets: str, nproc: int = 1) -> list[str]:
            str(REPO / "train.py"), "--recipe", recipe]
     if not any(s.startswith("logging.report=") for s in sets):
         sets = (*sets, "logging.report=false")  # drawing the report costs each run seconds; tests/train/test_report.py draws
+    if not any(s.startswith("logging.wandb_mode=") for s in sets):
+        # an offline wandb run starts a service per rank, ~1 s a launch; tests/train/test_train.py's short_run checks it
+        sets = (*sets, 'logging.wandb_mode="disabled"')
     for s in sets:
         cmd += ["--set", s]
     return cmd
