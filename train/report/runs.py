@@ -110,7 +110,7 @@ def read_run(path: Path) -> Run:
     if not recipe_file.is_file():
         raise ReportError(f"{recipe_file}: not found: {path} is not a run dir (train.py writes it at launch)")
     try:
-        recipe = tomllib.loads(recipe_file.read_text())
+        recipe = rundir.recorded_recipe(path)  # the one raw reader of a run's recipe.toml
     except tomllib.TOMLDecodeError as e:
         raise ReportError(f"{recipe_file}: not valid TOML: {e}") from None
     for table, key in (("training", "global_batch"), ("training", "seq_len"), ("training", "steps"),
