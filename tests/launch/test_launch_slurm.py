@@ -26,9 +26,6 @@ from tests.conftest import SHORT, STEPS, losses
 from tests.launch.conftest import logged_steps, wait_for
 from tests.launch.test_launch_local import started_at
 
-# One local SLURM of two emulated nodes: under pytest-xdist these tests share one worker.
-pytestmark = pytest.mark.xdist_group("slurm")
-
 SLURM_SH = REPO / "launch" / "ci" / "slurm.sh"
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 JOB_ENV = ("--env=OMP_NUM_THREADS=1", "--env=WANDB_MODE=offline", "--env=WANDB_SILENT=true")
