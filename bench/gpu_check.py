@@ -208,6 +208,14 @@ def _cpu_stand_in(sizes: Sizes, micro_batch: int) -> dict:
     return {"tps": micro_batch * sizes.big_seq / common.fastest(seconds), "mfu": None}
 
 
+def _sweep_row(swept: dict | None, micro_batch: int, ac: str) -> dict | None:
+    """The sweep's traced row for (micro batch, AC), if it has one with a peak."""
+    for row in (swept or {}).get("sweep", []):
+        if row["micro_batch"] == micro_batch and row["ac"] == ac and row["peak_gib"] is not None:
+            return row
+    return None
+
+
 def check_big(sizes: Sizes, gpu: str, sweep: Planner, cpu: bool) -> dict:
     """Check 3: the recommended setting measured, beside the planner's peak-memory prediction for it."""
     swept, _ = sweep.result(timeout=420)
@@ -216,8 +224,10 @@ def check_big(sizes: Sizes, gpu: str, sweep: Planner, cpu: bool) -> dict:
         (mb, ac), source = (rec["micro_batch"], rec["ac"]), "planner --sweep recommendation"
     else:
         (mb, ac), source = _recipe_setting(sizes.recipe), f"{sizes.recipe} (the planner printed no recommendation)"
-    plan = Planner(sizes.recipe, gpu, f"training.micro_batch={mb}", f"parallel.activation_checkpoint={ac}",
-                   f"training.seq_len={sizes.big_seq}")
+    # The sweep traced this setting's memory already; plan it apart only when the sweep has no row for it.
+    swept_row = _sweep_row(swept, mb, ac)
+    plan = None if swept_row else Planner(sizes.recipe, gpu, f"training.micro_batch={mb}",
+                                          f"parallel.activation_checkpoint={ac}", f"training.seq_len={sizes.big_seq}")
     if cpu:
         row = _cpu_stand_in(sizes, mb)
         held = None
@@ -228,8 +238,11 @@ def check_big(sizes: Sizes, gpu: str, sweep: Planner, cpu: bool) -> dict:
         rows = gpu_throughput.main(["--flavors", sizes.big_flavor, "--seq", str(sizes.big_seq), "--ac", ac,
                                     "--micro-batches", str(mb), "--warmup", "3", "--steps", "10"])
         row = rows[0] if rows else {}
-    planned, plan_tail = plan.result(timeout=420)
-    predicted = planned and planned["memory"]
+    if plan is None:
+        predicted, plan_tail = {"peak_gib": swept_row["peak_gib"], "fits": swept_row["fits"]}, ""
+    else:
+        planned, plan_tail = plan.result(timeout=420)
+        predicted = planned and planned["memory"]
     measured = float(row["peak GiB"]) if "tps" in row and not cpu else None
     out = {"setting_source": source, "micro_batch": mb, "ac": ac, "seq": sizes.big_seq,
            "tokens_per_s": row.get("tps"), "mfu": row.get("mfu"), "measured_peak_gib": measured,
