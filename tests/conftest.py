@@ -70,10 +70,14 @@ def train(recipe: str, *sets: str, nproc: int = 1, timeout: int = 600) -> subpro
     then train.py's own rather than torchrun's 1."""
     cmd, extra = train_command(recipe, *sets, nproc=nproc), {}
     if nproc == 1:
-        cmd = [sys.executable, *cmd[cmd.index(str(REPO / "train.py")):]]
-        extra = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        cmd, extra = [sys.executable, *cmd[cmd.index(str(REPO / "train.py")):]], one_rank_env()
     return subprocess.run(cmd, cwd=REPO, env={**env(), **extra}, capture_output=True, text=True, timeout=timeout)
+
+
+def one_rank_env() -> dict:
+    """What torchrun sets for the one rank of a one-process run, for running train.py without it."""
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
 
 
 def metrics(run_dir: Path) -> dict[int, dict]:

@@ -159,10 +159,10 @@ def normed_lane_matmul(x: torch.Tensor, norm: LaneRMSNorm, *linears: LaneLinear)
     linear. The outputs are separate tensors (not one to be split), so that a compiled backward
     can form the scaled gradient ``_NormedLaneMatmul`` needs in the kernels that make theirs.
     """
-    L, D = x.shape[0], x.shape[-1]
+    rows = x.reshape(x.shape[0], -1, x.shape[-1])  # [L, N, D]
     with torch.no_grad():  # the norm's gradients come from _NormedLaneMatmul's backward
-        xn, rstd = norm.with_rstd(x.reshape(L, -1, D))
-    ys = _NormedLaneMatmul.apply(x.reshape(L, -1, D), xn, rstd, norm.weight, *(lin.weight for lin in linears))
+        xn, rstd = norm.with_rstd(rows)
+    ys = _NormedLaneMatmul.apply(rows, xn, rstd, norm.weight, *(lin.weight for lin in linears))
     return tuple(y.reshape(*x.shape[:-1], -1) for y in ys)
 
 
