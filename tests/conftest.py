@@ -28,6 +28,15 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def pytest_collection_modifyitems(items):
+    """``make test`` runs the suite on two pytest-xdist workers (``--dist loadgroup``). Each test file
+    is one group, run whole by one worker: its module fixtures are made once, and the SLURM tests
+    never meet on the two emulated nodes."""
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 # --- running train.py for real (tests/train, tests/e2e, tests/launch, tests/bench) ---
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -144,14 +153,24 @@ def local_command(run: Path) -> list[str]:
             *(f"--set={s}" for s in (f"run.output_dir={run}", *SHORT))]
 
 
+def reference_run(tmp_path_factory) -> Path:
+    """The run dir of the reference run below, in the temp dir every pytest-xdist worker of the
+    session shares (``make test`` runs two)."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "launch-reference"
+
+
 def reference_losses(tmp_path_factory) -> dict[int, float]:
-    """Losses of an uninterrupted 2-rank run; made once per session (the SLURM tests
-    find it in the same folder)."""
-    run = tmp_path_factory.getbasetemp() / "launch-reference"
-    if not history(run) or history(run)[-1].get("action") != "done":
-        result = subprocess.run(local_command(run), cwd=REPO, env=env(), capture_output=True, text=True,
-                                timeout=300)
-        assert result.returncode == 0, result.stderr[-3000:]
+    """Losses of an uninterrupted 2-rank run; made once per session, by the first worker that
+    needs it while the others wait on its lock."""
+    from filelock import FileLock
+
+    run = reference_run(tmp_path_factory)
+    with FileLock(f"{run}.lock"):
+        if not history(run) or history(run)[-1].get("action") != "done":
+            result = subprocess.run(local_command(run), cwd=REPO, env=env(), capture_output=True, text=True,
+                                    timeout=300)
+            assert result.returncode == 0, result.stderr[-3000:]
     return losses(run)
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from launch.attempts import checkpoint_step, history
 from rundir import REPO
-from tests.conftest import STEPS, env, kill_tree, local_command, losses
+from tests.conftest import STEPS, env, kill_tree, local_command, losses, reference_run
 from tests.launch.conftest import logged_steps, wait_for
 
 def started_at(log: str) -> list[int]:
@@ -50,7 +50,7 @@ def rank_pid(root: int, rank: int) -> int | None:
 @pytest.mark.slow
 def test_an_uninterrupted_run_finishes_in_one_start(reference, tmp_path_factory):
     assert sorted(reference) == list(range(1, STEPS + 1))
-    events = history(tmp_path_factory.getbasetemp() / "launch-reference")
+    events = history(reference_run(tmp_path_factory))
     assert [(e["event"], e.get("action")) for e in events] == [("start", None), ("end", "done")]
 
 

@@ -19,17 +19,13 @@ import pytest
 
 from launch.attempts import begin, end, exit_file
 from rundir import METRICS_FILE, REPO
-from tests.conftest import SHORT, losses, train
+from tests.conftest import SHORT, losses, reference_run, train
 from train import recipe as R
 from train.hooks import MetricsJsonl
 from train.report import ReportError, write_report
 from train.report.page import embedded_data
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def reference_run(tmp_path_factory) -> Path:
-    return tmp_path_factory.getbasetemp() / "launch-reference"  # tests.conftest.reference_losses
 
 
 def data_of(page: Path) -> dict:
