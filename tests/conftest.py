@@ -28,15 +28,6 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
-def pytest_collection_modifyitems(items):
-    """``make test`` runs the suite on two pytest-xdist workers (``--dist loadgroup``). Each test file
-    is one group, run whole by one worker: its module fixtures are made once, and the SLURM tests
-    never meet on the two emulated nodes."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-
-
 # --- running train.py for real (tests/train, tests/e2e, tests/launch, tests/bench) ---
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
