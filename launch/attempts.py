@@ -6,8 +6,9 @@ began from; each end appends what train.py said about why it stopped
 (``$LANEFORMER_EXIT_FILE``), the checkpoint step reached and the decision:
 
 - ``done``: training finished;
-- ``restart``: preempted (it checkpointed), or crashed after writing a new
-  checkpoint, while the run's crash restarts in the last 24 hours stay under
+- ``restart``: preempted (it checkpointed), or crashed or stalled (ended by
+  ``launch.watchdog``) after writing a new checkpoint, while the run's crash
+  and stall restarts in the last 24 hours stay under
   the recipe's ``[launch] crashes_per_day`` (0: no limit). A three-week run
   meets more node failures than any fixed total; a crash loop does not pass;
 - ``fail``: a recipe error, no new checkpoint since the start (a restart would
@@ -48,6 +49,7 @@ from train.storage import NoSpace, free_bytes, is_out_of_space
 # in native code), not told to stop; torchrun logs "failed (exitcode: -N) local_rank: ...".
 FAULT_SIGNALS = {signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE}
 _TORCHRUN_FAILURE = re.compile(r"failed \(exitcode: -(\d+)\) local_rank: (\d+)")
+FAULTS = ("crash", "stall")  # the causes [launch] crashes_per_day counts
 _NODE_LOG = re.compile(r"node(\d+)-(.+)\.log")  # launch/sbatch.py: --output=node%t-%N.log
 
 
@@ -109,7 +111,7 @@ def end(run: Path, job: str, rc: int, crashes_per_day: int = 0, nodes: str = "")
     events = history(run)
     starts = [e for e in events if e["event"] == "start" and e["job"] == job]
     day_ago = datetime.now(timezone.utc) - timedelta(days=1)
-    recent = sum(1 for e in events if e["event"] == "end" and e["cause"] == "crash" and e["action"] == "restart"
+    recent = sum(1 for e in events if e["event"] == "end" and e["cause"] in FAULTS and e["action"] == "restart"
                  and datetime.fromisoformat(e["time"]) > day_ago)
     try:
         note = json.loads(exit_file(run).read_text())
@@ -150,13 +152,15 @@ def decide(rc: int, note: dict, before: int, after: int, recent_crashes: int,
             return "fail", "no space", f"no space for a checkpoint{message}; not restarting"
         case Exit.PREEMPTED:
             cause, why = "preempted", f"preempted; checkpointed at step {note.get('step', after)}"
+        case Exit.CRASH if note.get("reason") == "stall":  # launch.watchdog's note
+            cause, why = "stall", f"stalled{message}; stacks in {note.get('stall')}"
         case _:
             cause = "crash"
             why = f"crashed (rank {note.get('rank', '?')}{message})" if message else f"crashed (exit code {rc})"
     if after <= before:
         return "fail", cause, f"{why}, with no new checkpoint since step {before}: not restarting"
-    if cause == "crash" and crashes_per_day and recent_crashes >= crashes_per_day:
-        return "fail", cause, (f"{why}; {recent_crashes} crash restarts in the last 24 hours, the recipe's "
+    if cause in FAULTS and crashes_per_day and recent_crashes >= crashes_per_day:
+        return "fail", cause, (f"{why}; {recent_crashes} crash and stall restarts in the last 24 hours, the recipe's "
                                f"[launch] crashes_per_day: not restarting")
     return "restart", cause, f"{why}; restarting from step {after}"
 

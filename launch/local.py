@@ -7,7 +7,12 @@ finished; restarted from the latest checkpoint (a preemption, or a crash that
 left a newer checkpoint, within the recipe's ``[launch] crashes_per_day``); or
 given up on.
 SIGUSR1 sent to this process checkpoints the run and restarts it, as a SLURM
-requeue would.
+requeue would. A start that makes no progress for the recipe's ``[launch]
+stall_timeout`` is ended as stalled (launch.watchdog: stacks in
+``<run>/stalls/``) and restarted like a crash.
+
+The terminal shows rank 0; every rank's output goes to
+``<run>/launcher/logs/local/`` (torchrun's ``--tee``, one folder per start).
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from launch.attempts import begin, end
+from launch.attempts import begin, end, logs_dir
 from launch.sbatch import SIGNALS_TO_HANDLE
+from launch.watchdog import Limits, Watchdog, attempt_name
 from rundir import REPO, exit_file
 from train import recipe as R
 from train.exits import EXIT_FILE_ENV, Exit
@@ -49,7 +56,8 @@ def main(argv=None) -> int:
         return Exit.BAD_INPUT
     run, job = recipe.output_dir, f"local-{os.getpid()}"
     cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", f"--nproc-per-node={args.nproc}",
-           f"--signals-to-handle={SIGNALS_TO_HANDLE}", str(REPO / "train.py"), "--recipe", args.recipe,
+           f"--signals-to-handle={SIGNALS_TO_HANDLE}", f"--log-dir={logs_dir(run) / 'local'}", "--tee=3",
+           "--local-ranks-filter=0", str(REPO / "train.py"), "--recipe", args.recipe,
            *(f"--set={s}" for s in args.set)]
     env = {**os.environ, EXIT_FILE_ENV: str(exit_file(run))}
     proc = None
@@ -59,7 +67,7 @@ def main(argv=None) -> int:
             start = begin(run, job)
             print(f"launch.local: starting from step {start['step']}", file=sys.stderr, flush=True)
             proc = subprocess.Popen(cmd, cwd=REPO, env=env)
-            rc = proc.wait()
+            rc = watch(proc, Watchdog(run, Limits.of(recipe.launch), attempt_name(run)))
             event = end(run, job, rc, recipe.launch.crashes_per_day)
         except NoSpace as e:
             print(f"launch.local: error: {e}", file=sys.stderr)
@@ -67,6 +75,39 @@ def main(argv=None) -> int:
         print(f"launch.local: {event['why']}", file=sys.stderr, flush=True)
         if event["action"] != "restart":
             return 0 if event["action"] == "done" else 1
+
+
+def watch(proc: subprocess.Popen, dog: Watchdog) -> int:
+    """torchrun's exit status; on a stall, its ranks' stacks are dumped and the whole tree killed."""
+    while (rc := proc.poll()) is None:
+        if stall := dog.check():
+            where = dog.handle(stall)
+            print(f"launch.local: STALL: no progress for {stall['idle_s']:.0f} s; stacks in {where}",
+                  file=sys.stderr, flush=True)
+            kill_tree(proc.pid)
+            return proc.wait()
+        time.sleep(1)
+    return rc
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and its descendants (torchrun's ranks run in their own sessions; a
+    stopped rank ends only by SIGKILL)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 if __name__ == "__main__":

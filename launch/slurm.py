@@ -33,6 +33,7 @@ from pathlib import Path
 
 from launch.attempts import checkpoint_step, history, job_info, launcher_dir
 from launch.sbatch import Job, render
+from rundir import recorded_recipe
 from train import recipe as R
 
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUE_HOLD",
@@ -75,6 +76,16 @@ def check(recipe: R.Recipe, args, world_size: int):
     return problems, config
 
 
+def verdict(args) -> str:
+    """What the checks that ran found, and which were skipped (``--no-preflight``, ``--no-plan``)."""
+    skipped = [*(["tokenizer, data, init_from and writable dirs (--no-preflight: the job checks them)"]
+                 if args.no_preflight else []),
+               *(["the memory plan (--no-plan)"] if args.gpus_per_node and args.no_plan else [])]
+    if not skipped:
+        return "all passed"
+    return f"{'the model passed' if args.no_preflight else 'all others passed'}; skipped: {'; '.join(skipped)}"
+
+
 def submit(args) -> int:
     nproc = args.nproc_per_node or args.gpus_per_node
     if args.nodes < 1 or nproc < 1:
@@ -104,7 +115,7 @@ def submit(args) -> int:
         print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
         return 2
     if args.dry_run:
-        print("# checks: all passed; a submit would queue this job")
+        print(f"# checks: {verdict(args)}; a submit would queue this job")
         return 0
     active = [j for j in job_ids(run) if job_info(j).get("JobState") in ACTIVE]
     if active:
@@ -137,12 +148,12 @@ def submit(args) -> int:
 def status(run: Path) -> str:
     """What the run is doing, how far it got, and why it stopped if it did."""
     lines = [f"run: {run}"]
-    frozen = launcher_dir(run) / "recipe.toml"
-    total = R.load(str(frozen)).training.steps if frozen.exists() else "?"
+    recipe = recorded_recipe(launcher_dir(run)) or recorded_recipe(run) or {}  # frozen by submit, or the run's own
+    total = recipe.get("training", {}).get("steps", "?")
     lines.append(f"latest checkpoint: step {checkpoint_step(run)} of {total}")
     ids = job_ids(run)
     if not ids:
-        return "\n".join(lines + ["no job submitted"])
+        return "\n".join(lines + local_launches(run))
     info = job_info(ids[-1])
     if info:
         lines.append(f"job {ids[-1]}: {info.get('JobState')} (reason {info.get('Reason')}, "
@@ -160,6 +171,20 @@ def status(run: Path) -> str:
     if events and events[-1]["event"] == "end" and events[-1]["action"] == "fail":
         lines.append(f"FAILED: {events[-1]['why']}")
     return "\n".join(lines)
+
+
+def local_launches(run: Path) -> list[str]:
+    """A run started with launch.local: its starts and ends (attempts.jsonl), as for a job."""
+    events = [e for e in history(run) if str(e.get("job", "")).startswith("local-")]
+    if not events:
+        return ["no job submitted, no launch.local start recorded"]
+    lines = [f"launch.local: {sum(e['event'] == 'start' for e in events)} starts"]
+    for e in events[-6:]:
+        lines.append(f"  {e['time']} start from step {e['step']}" if e["event"] == "start" else
+                     f"  {e['time']} {e['action']}: {e['why']}")
+    if events[-1]["event"] == "end" and events[-1]["action"] == "fail":
+        lines.append(f"FAILED: {events[-1]['why']}")
+    return lines
 
 
 def logs(run: Path, lines: int, follow: bool) -> int:
@@ -221,7 +246,7 @@ def main(argv=None) -> int:
     if args.command == "submit":
         return submit(args)
     if not launcher_dir(args.run).is_dir():
-        print(f"error: {args.run} is not a run dir submitted with launch.slurm", file=sys.stderr)
+        print(f"error: {args.run} is not a run dir started with launch.slurm or launch.local", file=sys.stderr)
         return 1
     if args.command == "status":
         print(status(args.run))

@@ -281,7 +281,7 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
             save_tb_folder="tensorboard",
             enable_wandb=log.wandb_mode != "disabled",
         ),
-        comm=CommConfig(),
+        comm=CommConfig(init_timeout_seconds=p.comm_init_timeout, train_timeout_seconds=p.comm_train_timeout),
         debug=DebugConfig(seed=recipe.run.seed, deterministic=recipe.run.deterministic),
         hooks=[EvalHook.Config(every=recipe.eval.every, at_end=recipe.eval.at_end, spec=recipe.eval.spec(),
                                chat_template=recipe.data.chat_template),

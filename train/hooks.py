@@ -32,6 +32,11 @@ class Hook:
 
     priority: ClassVar[int] = 0  # higher runs first at every point; ties keep the recipe's order
 
+    @property
+    def phase(self) -> str:
+        """This hook's phase in the rank's heartbeat (train.heartbeat): EvalHook -> ``eval``."""
+        return type(self).__name__.removesuffix("Hook").lower()
+
     def after_step(self, trainer: LaneformerTrainer) -> None:
         """After the step and its checkpoint save (if one was due)."""
 

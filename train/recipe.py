@@ -128,6 +128,11 @@ class Parallel:
     activation_checkpoint: Literal["none", "selective", "full"] = "none"
     param_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     reduce_dtype: Literal["float32"] = "float32"
+    # Seconds a collective may wait before the NCCL/gloo watchdog ends the job: up to and during the first
+    # step (rendezvous, compile), then after it. torchtitan's CommConfig defaults; a CPU run raises both
+    # (train/cpu.py). A stall outside a collective is [launch] stall_timeout's.
+    comm_init_timeout: int = 300
+    comm_train_timeout: int = 100
 
 
 @dataclass(kw_only=True)
@@ -147,6 +152,15 @@ class Launch:
     # Crash restarts (each after a new checkpoint) allowed per 24 hours; 0: no limit.
     # Crashes without a new checkpoint in between always stop the run.
     crashes_per_day: int = 8
+    # Seconds without a heartbeat from any rank (train/heartbeat.py) before a launcher ends the job as
+    # stalled, dumps every rank's Python stacks to <run>/stalls/, and restarts it as after a crash; 0: off.
+    # Longer allowances: until every rank has finished its first step (rendezvous, build, checkpoint
+    # load, compile), and while a rank is in a checkpoint save or an eval/export/report hook.
+    # Above comm_train_timeout, so that a hang inside a collective is the comm watchdog's to end.
+    stall_timeout: int = 600
+    stall_timeout_first_step: int = 1800
+    stall_timeout_checkpoint: int = 1800
+    stall_timeout_eval: int = 3600
 
 
 @dataclass(kw_only=True)
@@ -434,6 +448,12 @@ def resolve(recipe: Recipe) -> None:
         fail("checkpoint", "interval must be > 0 and keep_last >= 0")
     if recipe.launch.crashes_per_day < 0:
         fail("launch", f"crashes_per_day: must be >= 0 (got {recipe.launch.crashes_per_day})")
+    for key in ("stall_timeout", "stall_timeout_first_step", "stall_timeout_checkpoint", "stall_timeout_eval"):
+        if getattr(recipe.launch, key) < 0:
+            fail("launch", f"{key}: must be >= 0 seconds, 0 for off (got {getattr(recipe.launch, key)})")
+    for key in ("comm_init_timeout", "comm_train_timeout"):
+        if getattr(recipe.parallel, key) <= 0:
+            fail("parallel", f"{key}: must be > 0 seconds (got {getattr(recipe.parallel, key)})")
     if e.every < 0:  # the rest of [eval] is checked by EvalSpec
         fail("eval", f"every: must be >= 0 (got {e.every})")
     if recipe.logging.interval <= 0:

@@ -41,6 +41,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from train.guard import StepGuard
+from train.heartbeat import Heartbeat
 from train.hooks import Hook, LogSourceTokens, MetricsJsonl, in_order
 from train.exits import Exit, StopRun
 from train.storage import NoSpace, checkpoint_bytes, free_bytes, is_out_of_space
@@ -213,7 +214,12 @@ class LaneformerTrainer(Trainer):
         reduce_grads: str = "every_micro_batch"  # train.recipe.REDUCE_GRADS
 
     def __init__(self, config: Config):
+        self.heartbeat = Heartbeat(Path(config.dump_folder))  # first: a stall while building is seen too
         super().__init__(config)
+        self.heartbeat.mark("built")
+        # The last step is logged too: a run's final loss is its last step's, whatever the interval.
+        every_interval = self.metrics_processor.should_log
+        self.metrics_processor.should_log = lambda step: every_interval(step) or step == config.training.steps
         self.guard = StepGuard(config.spike_sigmas, config.spike_window, config.skip_spikes, self.device)
         self.hooks: list[Hook] = in_order([LogSourceTokens(), *(h.build() for h in config.hooks)])
         self._stepped = False  # a step ran whose hooks have not: see should_continue_training
@@ -231,7 +237,14 @@ class LaneformerTrainer(Trainer):
             # N/A for it only under this flag.
             self.metrics_processor.has_quantization = True
 
+    def init_distributed(self):
+        parallel_dims = super().init_distributed()
+        self.heartbeat.mark("rendezvous")
+        return parallel_dims
+
     def forward_backward_step(self, **kwargs) -> torch.Tensor:
+        if self._micro_batch == 0:
+            self.heartbeat.beat("forward_backward")
         self._reduce_grads_now(last=self._micro_batch == self.gradient_accumulation_steps - 1)
         self._micro_batch += 1
         loss = super().forward_backward_step(**kwargs)
@@ -240,6 +253,7 @@ class LaneformerTrainer(Trainer):
 
     def _decide(self, grad_norm: torch.Tensor) -> None:
         """Called with torchtitan's pre-clip gradient norm, before the optimizer step."""
+        self.heartbeat.beat("optimizer")
         loss = self._step_loss.clone()
         self._step_loss.zero_()
         if self.parallel_dims.dp_enabled:
@@ -260,6 +274,7 @@ class LaneformerTrainer(Trainer):
 
     def train_step(self, data_iterator):
         self._micro_batch = 0
+        self.heartbeat.beat("data", self.step)
         try:
             with grad_norm_to(self._decide):
                 super().train_step(data_iterator)
@@ -270,6 +285,9 @@ class LaneformerTrainer(Trainer):
         if self.metrics_processor.should_log(self.step):
             self._log_progress()
         self._stepped = True
+        self.heartbeat.mark("first_step")
+        if self.checkpointer._should_save(self.step, last_step=self.step == self.config.training.steps):
+            self.heartbeat.beat("checkpoint")
 
     def should_continue_training(self) -> bool:
         """torchtitan's loop asks this before every step, that is after the previous step's
@@ -277,7 +295,11 @@ class LaneformerTrainer(Trainer):
         if self._stepped:
             self._stepped = False
             for hook in self.hooks:
+                self.heartbeat.beat(hook.phase)
                 hook.after_step(self)
+            self.heartbeat.step_done()
+        else:
+            self.heartbeat.mark("loaded")  # the first call: after the checkpoint load
         return super().should_continue_training()
 
     def _log_progress(self) -> None:
@@ -305,8 +327,10 @@ class LaneformerTrainer(Trainer):
 
     def train(self):
         """torchtitan's loop (its final save included), then the hooks' ``after_train``."""
+        self.heartbeat.beat("load")
         super().train()
         for hook in self.hooks:
+            self.heartbeat.beat(hook.phase)
             hook.after_train(self)
 
     def state_dict(self) -> dict[str, Any]:

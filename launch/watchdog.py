@@ -1,0 +1,213 @@
+"""End a job that is up but makes no progress: read the ranks' heartbeats, dump stacks, kill.
+
+The ranks beat as they enter each phase of a step (train/heartbeat.py). A job
+is stalled when the newest beat of any rank is older than the allowance of the
+most lenient phase a rank is in (``[launch]`` keys):
+
+- ``stall_timeout_first_step`` until every rank has finished its first step of
+  this launch (agent rendezvous, imports, build, checkpoint load, compile);
+- ``stall_timeout_checkpoint`` while a rank saves a checkpoint;
+- ``stall_timeout_eval`` while a rank is in an eval, export or report hook;
+- ``stall_timeout`` otherwise.
+
+The newest beat of any rank, because in synchronous training one stuck rank
+soon stops all the others in their next collective, and a rank legitimately
+alone in a long phase (rank 0 drawing the report) holds the others at the
+next step: the most lenient phase covers them all.
+
+On a stall: the exit note (``train.exits``, first writer wins) says ``stall``
+so that ``launch.attempts.decide`` records that cause and restarts as after a
+crash (a new checkpoint since the start, within ``crashes_per_day``); every
+rank is sent ``STACKS_SIGNAL`` and its stacks go to ``<run>/stalls/<attempt>/
+rank-<R>.txt``, with ``stall.json`` saying who was where; a rank that cannot
+dump (stopped: SIGSTOP, or in the kernel's uninterruptible sleep on a dead
+filesystem) is named as such. Then the ranks are killed with SIGKILL, which
+ends stopped ones too.
+
+launch.local calls ``Watchdog.check`` while torchrun runs; the SLURM batch
+script runs ``python -m launch.watchdog RUN --job ID`` beside srun. Ranks on
+other hosts are signalled through ``srun --overlap`` into the job.
+This module imports no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rundir import exit_file, launcher_dir
+from train.exits import Exit
+from train.heartbeat import STACKS_SIGNAL, heartbeat_dir, read_beats
+
+EVAL_PHASES = {"eval", "export", "report"}  # hooks that may run for minutes (train.hooks.Hook.phase)
+DUMP_WAIT_S = 5.0  # how long the ranks get to write their stacks
+
+
+@dataclass
+class Limits:
+    """Seconds of silence allowed (``[launch]`` stall_timeout*); ``stall`` 0: never a stall."""
+    stall: float
+    first_step: float
+    checkpoint: float
+    eval: float
+
+    @classmethod
+    def of(cls, launch) -> Limits:
+        return cls(launch.stall_timeout, launch.stall_timeout_first_step, launch.stall_timeout_checkpoint,
+                   launch.stall_timeout_eval)
+
+
+def allowance(beats: list[dict], limits: Limits) -> tuple[float, str]:
+    """(seconds, why) of silence allowed now, given every rank's latest beat."""
+    world = max((b["world"] for b in beats), default=1)
+    if len(beats) < world or any(b["done"] == 0 for b in beats):
+        return limits.first_step, "first step"
+    allowed = [(limits.stall, "steady")]
+    for b in beats:
+        if b["phase"] == "checkpoint":
+            allowed.append((limits.checkpoint, "checkpoint"))
+        elif b["phase"] in EVAL_PHASES:
+            allowed.append((limits.eval, b["phase"]))
+    return max(allowed)
+
+
+def stalled(beats: list[dict], started: float, limits: Limits, now: float) -> dict | None:
+    """The stall record, or None while the job makes progress (``started``: the launch's start)."""
+    if not limits.stall:
+        return None
+    last = max([started, *(b["time"] for b in beats)])
+    limit, why = allowance(beats, limits)
+    if now - last <= limit:
+        return None
+    return {"idle_s": round(now - last, 1), "limit_s": limit, "allowance": why,
+            "ranks": [{k: b[k] for k in ("rank", "host", "pid", "step", "phase")} | {"idle_s": round(now - b["time"], 1)}
+                      for b in sorted(beats, key=lambda b: b["rank"])]}
+
+
+def proc_state(pid: int) -> str | None:
+    """The kernel's one-letter state of a local process (``T``: stopped), None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+class Watchdog:
+    """One launch's stall detector; ``attempt`` names its folder under ``<run>/stalls/``."""
+
+    def __init__(self, run: Path, limits: Limits, attempt: str, job: str | None = None):
+        self.run, self.limits, self.attempt, self.job = Path(run), limits, attempt, job
+        shutil.rmtree(heartbeat_dir(self.run), ignore_errors=True)  # the last launch's beats are not this one's
+        self.started = time.time()
+
+    def check(self) -> dict | None:
+        return stalled(read_beats(self.run), self.started, self.limits, time.time())
+
+    def handle(self, stall: dict) -> Path:
+        """Note the cause, dump every rank's stacks, kill the ranks; returns the stall folder."""
+        where = self.run / "stalls" / self.attempt
+        where.mkdir(parents=True, exist_ok=True)
+        oldest = max(stall["ranks"], key=lambda r: r["idle_s"], default=None)
+        at = f"; rank {oldest['rank']} silent longest, in {oldest['phase']} of step {oldest['step']}" if oldest else ""
+        message = f"no progress for {stall['idle_s']:.0f} s (allowed {stall['limit_s']:.0f} s: {stall['allowance']}){at}"
+        self._note(message, where)
+        local = socket.gethostname()
+        for r in stall["ranks"]:
+            r["state"] = proc_state(r["pid"]) if r["host"] == local else None
+            if r["state"] == "T":
+                continue  # a stopped process runs no handler: it would dump only after SIGCONT
+            self._signal(r, STACKS_SIGNAL)
+        stacks = {r["rank"]: heartbeat_dir(self.run) / f"rank-{r['rank']}.stacks" for r in stall["ranks"]}
+        end = time.monotonic() + DUMP_WAIT_S
+        waiting = {r["rank"] for r in stall["ranks"] if r["state"] != "T"}
+        while waiting and time.monotonic() < end:
+            waiting = {n for n in waiting if not _size(stacks[n])}
+            time.sleep(0.2)
+        time.sleep(0.5)  # a dump that began finishes: faulthandler writes it in one go
+        for r in stall["ranks"]:
+            text = stacks[r["rank"]].read_text() if stacks[r["rank"]].exists() else ""
+            if r["state"] == "T":
+                why = "it is stopped (SIGSTOP or a debugger): a stopped process cannot dump itself"
+            elif r["state"] == "D":
+                why = "it is in uninterruptible sleep (I/O on a dead filesystem?)"
+            else:
+                why = f"it did not answer {STACKS_SIGNAL.name} within {DUMP_WAIT_S:.0f} s"
+            head = (f"# rank {r['rank']} pid {r['pid']} on {r['host']}: step {r['step']}, phase {r['phase']}, "
+                    f"silent {r['idle_s']} s, process state {r['state'] or '?'}\n")
+            r["stacks"] = bool(text.strip())
+            (where / f"rank-{r['rank']}.txt").write_text(head + (text or f"# no stacks: {why}\n"))
+        (where / "stall.json").write_text(json.dumps({**stall, "message": message}, indent=1) + "\n")
+        for r in stall["ranks"]:
+            self._signal(r, signal.SIGKILL)
+        return where
+
+    def _note(self, message: str, where: Path) -> None:
+        """The exit note, as train.exits.note_exit writes it (first writer wins): cause ``stall``."""
+        record = {"code": int(Exit.CRASH), "reason": "stall", "stall": str(where), "message": message,
+                  "time": datetime.now(timezone.utc).isoformat()}
+        try:
+            with open(exit_file(self.run), "x") as f:
+                f.write(json.dumps(record) + "\n")
+        except FileExistsError:
+            pass
+
+    def _signal(self, rank: dict, sig: signal.Signals) -> None:
+        if rank["host"] == socket.gethostname():
+            try:
+                os.kill(rank["pid"], sig)
+            except ProcessLookupError:
+                pass
+        elif self.job:  # another node of the job: a step that overlaps the running one
+            subprocess.run(["srun", "--overlap", f"--jobid={self.job}", "--nodes=1", "--ntasks=1",
+                            f"--nodelist={rank['host']}", "kill", f"-{sig.name.removeprefix('SIG')}",
+                            str(rank["pid"])], capture_output=True, timeout=60)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def attempt_name(run: Path) -> str:
+    """This launch's folder name under stalls/: the number of its start in attempts.jsonl."""
+    path = launcher_dir(run) / "attempts.jsonl"
+    starts = sum('"event": "start"' in line for line in path.read_text().splitlines()) if path.exists() else 0
+    return f"{starts:03d}"
+
+
+def main(argv=None) -> int:
+    """For the SLURM batch script: watch until ``--pid`` (srun) ends; on a stall handle it."""
+    p = argparse.ArgumentParser(description="Watch a running job's heartbeats; end it on a stall.")
+    p.add_argument("run", type=Path)
+    p.add_argument("--job", required=True, help="the SLURM job id")
+    p.add_argument("--pid", type=int, required=True, help="the process whose end ends the watch (srun)")
+    p.add_argument("--recipe", type=Path, required=True, help="the frozen recipe: its [launch] stall keys")
+    p.add_argument("--poll", type=float, default=1.0)
+    args = p.parse_args(argv)
+    from train import recipe as R  # torch-free: the recipe schema
+
+    dog = Watchdog(args.run, Limits.of(R.load(str(args.recipe)).launch), attempt_name(args.run), args.job)
+    while proc_state(args.pid) is not None:
+        if stall := dog.check():
+            where = dog.handle(stall)
+            print(f"launch.watchdog: STALL: {json.loads((where / 'stall.json').read_text())['message']}; "
+                  f"stacks in {where}; killed the ranks", file=sys.stderr, flush=True)
+            return 0
+        time.sleep(args.poll)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Each rank's heartbeat: the step and phase it is in, for a launcher to tell a stall from progress.
+
+A job can stay up and make no progress outside any collective (a checkpoint
+write to a stuck filesystem, a data read that never returns, a deadlock in an
+eval hook), where the NCCL watchdog (``[parallel] comm_train_timeout``) never
+fires. So every rank overwrites one small file, ``<run>/launcher/heartbeat/
+rank-<R>.json``, each time it enters a phase: ``build``, ``load``, ``data``,
+``forward_backward``, ``optimizer``, ``checkpoint``, then one per hook that
+runs after the step (``eval``, ``export``, ``report``, ...). A beat is a
+``pwrite`` of one padded JSON line (tens of microseconds, page cache only): it
+reads no tensor, so it adds no host sync. ``launch.watchdog`` reads the files.
+
+The record also carries what goodput accounting needs from this process: when
+it started, and the marks of its way to the first step (``rendezvous``,
+``built``, ``loaded``, ``first_step``: wall-clock seconds).
+
+For the stacks of a stalled rank, ``faulthandler`` is registered on
+``STACKS_SIGNAL`` (SIGUSR2) and writes every thread's Python stack into
+``rank-<R>.stacks`` beside the heartbeat. It is C code that runs even while the
+main thread is blocked inside a collective or I/O. SIGUSR2 because torchrun
+neither handles nor forwards it (``launch.sbatch.SIGNALS_TO_HANDLE``) and
+SIGUSR1 is the preemption signal (``train.preemption``); the handler is in
+place before the first beat names this pid, so a launcher never signals a rank
+that would die of it. A rank stopped by SIGSTOP cannot run it.
+
+Torch-free: ``launch.watchdog`` shares the names and the reader.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+from rundir import launcher_dir
+
+STACKS_SIGNAL = signal.SIGUSR2
+RECORD_BYTES = 1024  # every beat overwrites the same bytes: no truncate, no torn length
+
+
+def heartbeat_dir(run: Path) -> Path:
+    return launcher_dir(Path(run)) / "heartbeat"
+
+
+def process_start_time() -> float:
+    """This process's start, wall clock (Linux: /proc), for time to the first step."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, ValueError, IndexError):
+        return time.time()
+
+
+class Heartbeat:
+    """One rank's heartbeat file and stack-dump file."""
+
+    def __init__(self, run: Path):
+        self.rank = int(os.environ.get("RANK", 0))
+        folder = heartbeat_dir(run)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.stacks = open(folder / f"rank-{self.rank}.stacks", "w")
+        faulthandler.register(STACKS_SIGNAL, file=self.stacks, all_threads=True)
+        self.fd = os.open(folder / f"rank-{self.rank}.json", os.O_WRONLY | os.O_CREAT, 0o644)
+        self.record = {"rank": self.rank, "world": int(os.environ.get("WORLD_SIZE", 1)), "pid": os.getpid(),
+                       "host": socket.gethostname(), "step": 0, "phase": "build", "done": 0,
+                       "marks": {"process": process_start_time()}}
+        self.beat("build")
+
+    def beat(self, phase: str, step: int | None = None) -> None:
+        """Entering ``phase`` (of ``step``, when given)."""
+        r = self.record
+        r["phase"], r["time"] = phase, time.time()
+        if step is not None:
+            r["step"] = step
+        os.pwrite(self.fd, json.dumps(r).encode().ljust(RECORD_BYTES - 1) + b"\n", 0)
+
+    def mark(self, name: str) -> None:
+        """A point on the way to the first step (once per process), written with the next beat."""
+        self.record["marks"].setdefault(name, time.time())
+
+    def step_done(self) -> None:
+        self.record["done"] += 1
+
+    def close(self) -> None:
+        faulthandler.unregister(STACKS_SIGNAL)
+        os.close(self.fd)
+        self.stacks.close()
+
+
+def read_beats(run: Path) -> list[dict]:
+    """Every rank's latest beat (a file caught mid-write is skipped until the next read)."""
+    beats = []
+    for path in sorted(heartbeat_dir(run).glob("rank-*.json")):
+        try:
+            beats.append(json.loads(path.read_bytes().strip() or b"null"))
+        except (OSError, ValueError):
+            continue
+    return [b for b in beats if b]
