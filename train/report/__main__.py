@@ -1,4 +1,6 @@
-"""``python -m train.report RUN [RUN ...] [--out DIR] [--plan-gpu KIND --gpus N]``"""
+"""``python -m train.report RUN [RUN ...] [--out DIR] [--plan-gpu KIND --gpus N]``, or
+``python -m train.report SWEEP_DIR [--out DIR]`` for a sweep (launch.sweep's ``sweep.json``:
+comparison.csv, summary.csv and the page, train/report/sweep.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +13,20 @@ from train.report import ReportError, write_report
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m train.report", description=__doc__)
-    p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run dirs; several are overlaid")
-    p.add_argument("--out", type=Path, help="where report.html and its PNGs go (default: RUN/report/)")
+    p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run dirs (several are overlaid), or one sweep dir")
+    p.add_argument("--out", type=Path, help="where report.html and its PNGs go (default: RUN/report/, or the sweep dir)")
     p.add_argument("--plan-gpu", metavar="KIND", help="first trace the memory plan of each run's recipe on --gpus "
                    "GPUs of this kind (h100, h200, a100, mi300x) into RUN/plan.json; the memory figure draws it")
     p.add_argument("--gpus", type=int, default=8, help="with --plan-gpu: the number of GPUs (default 8)")
     args = p.parse_args(argv)
     try:
+        from train.report.sweep import is_sweep, write_sweep_report
+
+        if len(args.runs) == 1 and is_sweep(args.runs[0]):
+            path, lines = write_sweep_report(args.runs[0], args.out)
+            print("\n".join(lines))
+            print(path)
+            return 0
         if args.plan_gpu:
             from train.report.memory import record_plan
 
