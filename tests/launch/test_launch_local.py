@@ -1,11 +1,13 @@
 """launch.local end to end on CPU: an uninterrupted 2-rank run, and one that is
 preempted (SIGUSR1 to a single rank: the ranks must agree on the step), then
-crashes (a rank SIGKILLed), restarts from its checkpoints each time and ends
+crashes (a rank SIGKILLed), then stalls (a rank SIGSTOPped: launch.watchdog
+dumps stacks and kills it), restarts from its checkpoints each time and ends
 with the same losses. A signal to every rank at once (SLURM's B:USR1 through
 srun and torchrun) is tests/launch/test_launch_slurm.py's preemption test."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from launch.attempts import checkpoint_step, history
+from launch.slurm import status
 from rundir import REPO
 from tests.conftest import STEPS, env, kill_tree, local_command, losses, reference_run
 from tests.launch.conftest import logged_steps, wait_for
@@ -54,10 +57,16 @@ def test_an_uninterrupted_run_finishes_in_one_start(reference, tmp_path_factory)
     assert [(e["event"], e.get("action")) for e in events] == [("start", None), ("end", "done")]
 
 
+STALL_TIMEOUT = 10  # seconds; the watchdog looks once a second
+STALL_MARGIN = 5  # its poll, plus slack for a loaded machine
+
+
 @pytest.mark.slow
-def test_preemption_and_a_crash_restart_from_checkpoints_with_the_same_losses(reference, tmp_path):
+def test_preemption_a_crash_and_a_stall_restart_from_checkpoints_with_the_same_losses(reference, tmp_path):
     run = tmp_path / "run"
-    proc = subprocess.Popen(local_command(run), cwd=REPO, env=env(), stdout=subprocess.PIPE,
+    # A rank stopped while its checkpoint save is still its phase would wait out that allowance.
+    limits = (f"--set=launch.stall_timeout={STALL_TIMEOUT}", f"--set=launch.stall_timeout_checkpoint={STALL_TIMEOUT}")
+    proc = subprocess.Popen([*local_command(run), *limits], cwd=REPO, env=env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
     def preempted() -> list[dict]:
@@ -69,20 +78,35 @@ def test_preemption_and_a_crash_restart_from_checkpoints_with_the_same_losses(re
         first = wait_for(preempted, "the preemption")[0]["step"]
         wait_for(lambda: checkpoint_step(run) > first, "a checkpoint after the restart")
         os.kill(wait_for(lambda: rank_pid(proc.pid, 0), "rank 0"), signal.SIGKILL)
-        out, _ = proc.communicate(timeout=180)
+        crashed = wait_for(lambda: [e for e in history(run) if e.get("cause") == "crash"], "the crash")[0]["step"]
+        wait_for(lambda: checkpoint_step(run) > crashed, "a checkpoint after the crash's restart")
+        os.kill(wait_for(lambda: rank_pid(proc.pid, 1), "rank 1"), signal.SIGSTOP)  # it can answer nothing
+        out, _ = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             kill_tree(proc.pid)
     assert proc.returncode == 0, out[-3000:]
     ends = [e for e in history(run) if e["event"] == "end"]
     assert [(e["action"], e["cause"]) for e in ends] == [
-        ("restart", "preempted"), ("restart", "crash"), ("done", "finished")], ends
+        ("restart", "preempted"), ("restart", "crash"), ("restart", "stall"), ("done", "finished")], ends
     # Each restart loaded the checkpoint the launcher recorded: the preemption's, then the newest
     # one before the kill (a restart from step 1 would end with the same losses too).
     starts = [e["step"] for e in history(run) if e["event"] == "start"]
     assert starts[0] == 0 and starts[1] == first and starts[2] > first, starts
     assert started_at(out) == [step + 1 for step in starts], out[-3000:]
     assert losses(run) == reference
+    # The stall: seen within the timeout plus the margin, every rank's stacks on disk but the stopped one's.
+    stall = json.loads((run / "stalls" / "003" / "stall.json").read_text())
+    assert STALL_TIMEOUT < stall["idle_s"] <= STALL_TIMEOUT + STALL_MARGIN, stall
+    assert [(r["rank"], r["state"] == "T", r["stacks"]) for r in stall["ranks"]] == [(0, False, True), (1, True, False)]
+    assert "Current thread" in (run / "stalls" / "003" / "rank-0.txt").read_text()
+    assert "it is stopped" in (run / "stalls" / "003" / "rank-1.txt").read_text()
+    # The terminal shows rank 0; each rank's output is in its own file.
+    assert "[default0]:" in out and "[default1]:" not in out
+    assert len(list((run / "launcher" / "logs" / "local").rglob("1/stdout.log"))) == len(starts)
+    text = status(run)  # a launch.local run: its recipe's total, its starts and ends
+    assert f"latest checkpoint: step {STEPS} of {STEPS}" in text and "launch.local: 4 starts" in text, text
+    assert "restart: stalled: no progress" in text and "done: finished at step" in text, text
 
 
 def test_a_recipe_that_does_not_fit_the_ranks_starts_nothing(tmp_path):

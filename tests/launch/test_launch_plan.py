@@ -34,6 +34,20 @@ def test_submit_refuses_missing_data_naming_it_and_writes_nothing(tmp_path, caps
     assert not (tmp_path / "run").exists()
 
 
+def test_a_dry_run_without_preflight_says_what_it_did_not_check(tmp_path, capsys):
+    # the data and the tokenizer missing: --no-preflight does not look, and says so
+    code = main(["submit", "--recipe", "tiny.toml", "--nodes", "1", "--gpus-per-node", "2", "--no-plan",
+                 "--set", 'data.sources=[{name = "code", path = "assets/sample_data/nope", weight = 1.0}]',
+                 "--set", 'data.tokenizer="assets/nope/tokenizer.model"',
+                 "--set", f"run.output_dir={tmp_path / 'run'}", "--dry-run", "--no-preflight"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.rstrip().endswith("# checks: the model passed; skipped: tokenizer, data, init_from and writable dirs "
+                                 "(--no-preflight: the job checks them); the memory plan (--no-plan); "
+                                 "a submit would queue this job"), out[-500:]
+    assert "all passed" not in out
+
+
 def test_dry_run_is_a_valid_script_with_the_plan_and_the_verdict_as_comments(tmp_path, capsys):
     # 2 nodes x 2 GPUs, HSDP with one replica per node: the plan's communication crosses the network
     code = main(["submit", "--recipe", "tiny.toml", "--nodes", "2", "--gpus-per-node", "2", "--gpu", "h100",
