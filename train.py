@@ -24,6 +24,7 @@ checkpoint in the run dir. 3, 4 and 5 are final: not requeued.
 import argparse
 import os
 import shlex
+import socket
 import sys
 from pathlib import Path
 
@@ -63,14 +64,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="plan: print the numbers as one JSON object")
     p.add_argument("--plot", type=Path, metavar="FILE", help="plan: also draw the memory per GPU as a stacked bar "
                    "(parameters, gradients, optimizer, activations, temporaries against the GPU's memory), a PNG")
-    p.add_argument("--gpus", type=int, help="dry run and plan: GPUs for the estimates (default 192); a dry run also "
-                   "checks the layout and batch against them (default: this launch's ranks)")
+    p.add_argument("--gpus", type=int, help="dry run and plan: GPUs for the estimates and the layout and batch checks "
+                   "(default: the recipe's [parallel] gpus, 192 for phase 1; a CPU recipe's dry run checks this "
+                   "launch's ranks)")
     p.add_argument("--cluster", help="plan: the cluster preset for communication, h100-ib400 or a100-ib200 "
                    "(default: the --gpu kind's; train/plan/comm.py)")
     p.add_argument("--gpus-per-node", type=int, help="plan: GPUs per node (default: the cluster's)")
     p.add_argument("--intra-node-gbs", type=float, help="plan: NCCL bus bandwidth inside a node, GB/s")
     p.add_argument("--network-gbs", type=float, help="plan: NCCL bus bandwidth per GPU across nodes, GB/s")
-    p.add_argument("--mfu", type=float, default=0.40, help="dry run: assumed model FLOPs utilization")
+    p.add_argument("--mfu", type=float, default=0.40, help="dry run: assumed model FLOPs utilization "
+                   "(Kog reported ~28%% for the 2B on 192 H100s)")
     p.add_argument("--peak-tflops", type=float, default=GPUS["h100"].tflops["bfloat16"],
                    help="dry run: peak bf16 TFLOP/s per GPU (default: the H100's, train/plan/gpus.py)")
     return p.parse_args(argv)
@@ -114,9 +117,20 @@ def report_line(run: Path, written: bool = True) -> str:
     return f"report: {page}" if page.exists() else f"report: not written (see {report_dir(run) / 'refresh.log'})"
 
 
+def as_one_rank() -> None:
+    """Plain ``python train.py`` runs as the one rank of ``torchrun --nproc-per-node 1`` would: torchtitan
+    needs torchrun's environment (LOCAL_RANK, a rendezvous address), so give it that, on a free port."""
+    if "RANK" in os.environ:  # started by torchrun (or SLURM through it): its world stands
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    gpus = args.gpus or 192
     from train.build import preflight
 
     recipe, checked, problems = None, None, []
@@ -125,6 +139,7 @@ def main(argv=None) -> int:
         if args.print_config:
             print(R.to_toml(recipe), end="")
             return Exit.DONE
+        gpus = args.gpus or recipe.parallel.gpus  # 0: a CPU recipe, no GPU estimate
         if args.plan:
             import json
 
@@ -133,6 +148,7 @@ def main(argv=None) -> int:
 
             cluster = cluster_for(args.gpu, args.cluster, gpus_per_node=args.gpus_per_node,
                                   intra_node_gbs=args.intra_node_gbs, network_gbs=args.network_gbs)
+            gpus = gpus or 1
             p = make_plan(recipe, gpus=gpus, gpu=args.gpu, with_sweep=args.sweep, with_ops=args.ops,
                           with_kernels=args.compiled, cluster=cluster)
             print(json.dumps(p.to_json(), indent=1) if args.json else "\n".join(p.lines()))
@@ -143,12 +159,12 @@ def main(argv=None) -> int:
                             f"micro batch {p.shape.micro_batch}, AC {p.shape.ac}")
                 print(f"memory plot: {args.plot}", file=sys.stderr)
             return Exit.DONE
-        # A launch checks its own world; a dry run outside torchrun, the --gpus it plans for.
-        world = os.environ.get("WORLD_SIZE") or (args.dry_run and args.gpus) or 1
+        # A launch checks its own world; a dry run outside torchrun, the GPUs it plans for.
+        world = os.environ.get("WORLD_SIZE") or (args.dry_run and gpus) or 1
         checked = preflight(recipe, int(world))
         problems = checked.problems
     except R.RecipeError as e:
-        problems = [str(e)]
+        problems = str(e).splitlines()
     if args.dry_run and recipe is not None:
         from train.plan import dry_run
 
@@ -171,6 +187,7 @@ def main(argv=None) -> int:
     from train.build import trainer_config, wandb_env
     from train.snapshot import record_launch
 
+    as_one_rank()
     init_logger()
     for name, value in wandb_env(recipe).items():
         os.environ.setdefault(name, value)

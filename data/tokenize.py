@@ -168,11 +168,52 @@ class WriteManifest(PipelineStep):
         return iter(())
 
 
+class EmptyTokenization(ValueError):
+    """Every task finished and no document came out: the key or the filter matched nothing."""
+
+
+def input_columns(description: dict) -> list[str] | None:
+    """The columns of the input's first row (local or remote jsonl/parquet; None for a Hub dataset,
+    whose card lists them), to say which key to pass when the chosen one matched nothing."""
+    if description.get("kind") not in ("jsonl", "parquet"):
+        return None
+    from datatrove.io import get_datafolder
+
+    folder = get_datafolder(description["folder"])
+    files = folder.list_files(glob_pattern=description["glob"])
+    if not files:
+        return None
+    if description["kind"] == "parquet":
+        import pyarrow.parquet as pq
+
+        with folder.open(files[0], "rb") as f:
+            return pq.read_schema(f).names
+    with folder.open(files[0], "rt", compression="infer") as f:
+        first = next((line for line in f if line.strip()), None)
+    return list(json.loads(first)) if first else None
+
+
+def empty_tokenization(out: Path, description: dict) -> EmptyTokenization:
+    """The error for a tokenization that wrote no document, naming the key and the input's columns.
+    Its task completions are cleared, so the corrected command tokenizes again instead of skipping."""
+    for done in (out / "logs" / "completions").glob("*"):
+        done.unlink()
+    key = ("--chat-key", description["chat_key"]) if description.get("chat_key") else \
+        ("--text-key", description.get("text_key", "text"))
+    columns = input_columns(description)
+    has = f"its rows have the columns {columns}" if columns else "see the dataset's card for its columns"
+    excluded = " (or --exclude dropped every row)" if description.get("exclude") else ""
+    return EmptyTokenization(f"{description.get('spec', out)}: no documents: {key[0]} {key[1]!r} matched no "
+                             f"text{excluded}; {has}. Nothing was written to {out}/manifest.json")
+
+
 def finish(out: Path, tokenizer: dict, description: dict, tasks: int) -> dict:
     done = {p.name for p in (out / "logs" / "completions").glob("*")}
     missing = [r for r in range(tasks) if f"{r:05d}" not in done]
     if missing:
         raise RuntimeError(f"{out}: tokenization tasks {missing[:10]} did not finish; rerun the same command")
+    if not any(n for f in out.glob("*.ds.index") if (n := f.stat().st_size)):  # no document in any shard
+        raise empty_tokenization(out, description)
     from importlib.metadata import version
 
     extra = {"tasks": tasks, "datatrove_version": version("datatrove")}
@@ -302,9 +343,12 @@ def main(argv: list[str] | None = None) -> None:
                    help="drop rows whose COLUMN holds VALUE (repeatable)")
     add_run_options(p)
     a = p.parse_args(argv)
-    run_and_report(a, p, input_spec=a.input, tokenizer=a.tokenizer, text_key=a.text_key, split=a.split,
-                   subset=a.subset, revision=a.revision, chat_key=a.chat_key, chat_template=a.chat_template,
-                   exclude=parse_exclude(a.exclude, p))
+    try:
+        run_and_report(a, p, input_spec=a.input, tokenizer=a.tokenizer, text_key=a.text_key, split=a.split,
+                       subset=a.subset, revision=a.revision, chat_key=a.chat_key, chat_template=a.chat_template,
+                       exclude=parse_exclude(a.exclude, p))
+    except (EmptyTokenization, FileNotFoundError) as e:
+        p.exit(2, f"error: {e}\n")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+from rundir import writable
+
 CORE_LABELS = (
     "hellaswag_zeroshot", "jeopardy", "bigbench_qa_wikidata", "arc_easy", "arc_challenge", "copa",
     "commonsense_qa", "piqa", "openbook_qa", "lambada_openai", "hellaswag", "winograd", "winogrande",
@@ -157,9 +159,12 @@ def main(argv=None) -> int:
     f.add_argument("dir", type=Path)
     f.add_argument("--url", default=BUNDLE_URL)
     args = p.parse_args(argv)
+    if not writable(args.dir):  # bad input, said before a download
+        print(f"error: {args.dir} cannot be written", file=sys.stderr)
+        return 2
     try:
         tasks = fetch(args.dir, args.url)
-    except OSError as e:
+    except OSError as e:  # the network, not the input
         print(f"error: {e}", file=sys.stderr)
         return 1
     except ValueError as e:

@@ -29,7 +29,7 @@ import torch
 from . import dist
 from .load import load_checkpoint
 from .spec import EvalSpec, EvalSpecError, default
-from .suite import Report, evalplus_files, run_evals
+from .suite import Report, check_inputs, evalplus_files, run_evals
 
 TASK_FLAGS = "--core/--lm-eval/--humaneval/--evalplus"
 
@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     try:  # bad input (a --set, a bad value, a checkpoint that is not one, a config that does not fit it): exit 2
         overrides = parse_overrides(args.set)
         spec = spec_of(args)
+        if problems := check_inputs(spec):  # bad input is answered before the model loads
+            raise ValueError("\n".join(problems))
         evalplus_tasks = None
         if spec.evalplus:  # a missing release file is bad input too: say so before loading the model
             from .evalplus import load_tasks

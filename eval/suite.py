@@ -85,6 +85,31 @@ def run_evals(model_fn, tokenizer, spec: EvalSpec, *, max_seq_len: int, device: 
     return report
 
 
+def check_inputs(spec: EvalSpec) -> list[str]:
+    """What is wrong with the files ``spec`` names (the CORE bundle's task list, the lm-eval task
+    file), before any model is loaded: a CLI or a launch answers bad input at once, not after the load."""
+    from .core_data import read_manifest
+
+    problems = []
+    bundle = spec.core_bundle and Path(spec.core_bundle)
+    if bundle and not (bundle / "tasks.csv").is_file():
+        problems.append(f"CORE bundle {bundle}: no tasks.csv{'' if bundle.is_dir() else ' (no such folder)'}; "
+                        "get the bundle with python -m eval.core_data fetch DIR")
+    elif bundle:  # a task file may be missing: a partial CORE is scored, the rest counted as missing
+        try:
+            read_manifest(bundle)
+        except (ValueError, KeyError) as e:
+            problems.append(f"CORE bundle {bundle}: {e}")
+    if spec.lm_eval_tasks is not None:
+        from .lm_harness import load_task_file
+
+        try:
+            load_task_file(spec.lm_eval_tasks)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            problems.append(f"lm-eval tasks {spec.lm_eval_tasks}: {e}")
+    return problems
+
+
 def evalplus_files(datasets: list[str], spec: str | None) -> list[Path | None]:
     """The release file of each dataset: ``spec`` (EvalSpec.evalplus_data) as a folder holding the
     releases under their own names (HumanEvalPlus.jsonl(.gz), MbppPlus.jsonl(.gz)) or one file per

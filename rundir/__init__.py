@@ -22,6 +22,7 @@ eval.run. train.py's exit codes are ``train.exits``'.
 from __future__ import annotations
 
 import json
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -91,6 +92,14 @@ def recorded_recipe(folder: Path) -> dict | None:
 def in_repo(path: str | Path) -> Path:
     """A recipe's path value as a path: relative ones are relative to the repo root."""
     return Path(path) if Path(path).is_absolute() else REPO / path
+
+
+def writable(folder: Path) -> bool:
+    """Whether ``folder`` can be created or written: its nearest existing ancestor is a writable dir."""
+    folder = Path(folder).absolute()
+    while not folder.exists():
+        folder = folder.parent
+    return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
 
 
 def latest_complete_checkpoint(run: Path) -> Path | None:

@@ -26,11 +26,13 @@ from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.protocols.model_spec import ModelSpec
 
 import rundir
+from rundir import writable
 from data.chat import resolve_template, template_sha256
 from data.loader import MixtureDataLoader, SentencePieceTokenizer, build_mixture
 from data.mixture import Mixture
 from data.shards import MANIFEST, load_manifest
 from data.tokenizer import Tokenizer, check_sha256, how_to_get
+from eval.suite import check_inputs
 from models.laneformer import NATIVE_FIELDS, Laneformer, laneformer_configs, model_registry
 from models.laneformer.checkpoint import open_checkpoint
 from train.cpu import adapt_config
@@ -81,14 +83,6 @@ def initial_load(recipe: Recipe) -> tuple[str | None, bool]:
     return str(checkpoint.folder), checkpoint.kind == "hf"
 
 
-def writable(folder: Path) -> bool:
-    """Whether ``folder`` can be created or written: its nearest existing ancestor is a writable dir."""
-    folder = Path(folder)
-    while not folder.exists():
-        folder = folder.parent
-    return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
-
-
 @dataclass
 class Preflight:
     """What the checks found: the model config and mixture when they could be built, and
@@ -134,7 +128,7 @@ def preflight(recipe: Recipe, world_size: int) -> Preflight:
     missing = [(i, s) for i, s in enumerate(d.sources) if not Path(s.path).is_dir()]
     for i, s in missing:
         out.problems.append(f"{p}: [data.sources[{i}]] path: {s.path} not found (source {s.name!r}; make it with "
-                            f"python -m train.data tokenize --recipe {p} --source {s.name})")
+                            f"{make_source_command(recipe, s)})")
     if out.config is not None and tokenizer is not None and d.sources and not missing:
         try:
             out.mixture = check_data(recipe, out.config, tokenizer)
@@ -150,9 +144,20 @@ def preflight(recipe: Recipe, world_size: int) -> Preflight:
         if space := run_dir_problem(recipe.output_dir, nparams, c.keep_last, c.milestones):
             out.problems.append(f"{p}: [run] output_dir: {space}")
             out.no_space = True
+    out.problems += [f"{p}: [eval] {problem}" for problem in check_inputs(recipe.eval.spec())]
     if c.export_hf and not writable(Path(c.export_dir)):
         out.problems.append(f"{p}: [checkpoint] export_dir: {c.export_dir} is not writable")
     return out
+
+
+def make_source_command(recipe: Recipe, source) -> str:
+    """The command that makes a missing source's shards: from its Hub dataset or ``input`` where it
+    names one (train.data reads the recipe), else from the user's own files (data.tokenize)."""
+    if source.hub_id or source.input:
+        return f"python -m train.data tokenize --recipe {recipe.path} --source {source.name}"
+    key = f"--chat-key {source.chat_key}" if source.chat_key else f"--text-key {source.text_key or 'text'}"
+    return (f"python -m data.tokenize --input <your jsonl/parquet files> {key} "
+            f"--tokenizer {recipe.data.tokenizer} --out {source.path}")
 
 
 def check_data(recipe: Recipe, config: Laneformer.Config, tokenizer: Tokenizer | None = None) -> Mixture:
@@ -221,6 +226,9 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
     config = LaneformerTrainer.Config(
         model_spec=spec,
         dump_folder=str(recipe.output_dir),
+        # No HF assets folder: the tokenizer is the recipe's, and HF export is ours (models.laneformer.hf).
+        # torchtitan's default, ./tests/assets/tokenizer, exists only in its own source tree.
+        hf_assets_path="",
         tokenizer=SentencePieceTokenizer.Config(path=recipe.data.tokenizer),
         dataloader=MixtureDataLoader.Config(
             sources=recipe.data.sources,
@@ -293,4 +301,4 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
         max_consecutive_skips=t.max_consecutive_skips,
         reduce_grads=p.reduce_grads,
     )
-    return adapt_config(config)
+    return adapt_config(config, fp32=p.cpu_fp32)

@@ -41,6 +41,32 @@ class RecipeError(ValueError):
     """A recipe problem, with the file, table and key it is about."""
 
 
+class RecipeFile(str):
+    """A recipe's path, as every error prints it, that knows which keys ``--set`` gave: an error about
+    such a key names the command line's ``--set table.key=value`` instead of the file."""
+
+    sets: dict[tuple[str, str], str]
+
+    def __new__(cls, path: Path | str, sets: dict[tuple[str, str], str] | None = None):
+        self = super().__new__(cls, str(path))
+        self.sets = sets or {}
+        return self
+
+    def of(self, where: str, key: str) -> str:
+        """Who gave ``[where] key``: ``--set ...`` (on the command line, over the file) or the file."""
+        item = self.sets.get((where.strip("[]"), key.split("[")[0].split(".")[0]))
+        return f"--set {item} (over {self})" if item else str(self)
+
+
+def _collect(errors: list[str], fn):
+    """``fn()``, or None with its RecipeError's lines added to ``errors``: every problem is reported at once."""
+    try:
+        return fn()
+    except RecipeError as e:
+        errors.append(str(e))
+        return None
+
+
 @dataclass(kw_only=True)
 class Run:
     name: str
@@ -121,6 +147,9 @@ class Parallel:
     # shard = 8 (the GPUs of a node), replicate = -1 (one copy per node). -1: the ranks the other leaves.
     shard: int = -1
     replicate: int = 1
+    # The GPUs this recipe is planned for: what `--dry-run` and `--plan` check and estimate when no
+    # --gpus is given (phase 1: 192). 0: a CPU recipe, checked on this launch's ranks, no GPU estimate.
+    gpus: int = 0
     # torchtitan's fsdp_reshard_after_forward: "never" keeps parameters gathered from forward to backward.
     reshard_after_forward: Literal["default", "always", "never"] = "default"
     reduce_grads: Literal["every_micro_batch", "last_micro_batch", "replicas_last_micro_batch"] = "every_micro_batch"
@@ -128,6 +157,10 @@ class Parallel:
     activation_checkpoint: Literal["none", "selective", "full"] = "none"
     param_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     reduce_dtype: Literal["float32"] = "float32"
+    # Without a GPU, train in fp32 whatever param_dtype says (bf16 matmuls are ~20x slower on CPU);
+    # false keeps the recipe's precision on CPU too: FSDP2's bf16 compute, fp32 master weights and
+    # reductions, as on the cluster (train/cpu.py; tests/train/test_bf16.py).
+    cpu_fp32: bool = True
     # Seconds a collective may wait before the NCCL/gloo watchdog ends the job: up to and during the first
     # step (rendezvous, compile), then after it. torchtitan's CommConfig defaults; a CPU run raises both
     # (train/cpu.py). A stall outside a collective is [launch] stall_timeout's.
@@ -238,14 +271,16 @@ def load(name: str, overrides: list[str] = ()) -> Recipe:
         raise RecipeError(f"{path}: not valid TOML: {e}") from e
     if os.environ.get(DATA_ROOT_ENV) and isinstance(raw.get("data"), dict):
         raw["data"]["root"] = os.environ[DATA_ROOT_ENV]
+    sets = {}
     for item in overrides:
-        _apply_override(raw, item, path)
-    recipe = _parse(raw, path)
+        sets[_apply_override(raw, item, path)] = item
+    recipe = _parse(raw, RecipeFile(path, sets))
     resolve(recipe)
     return recipe
 
 
-def _apply_override(raw: dict, item: str, path: Path) -> None:
+def _apply_override(raw: dict, item: str, path: Path) -> tuple[str, str]:
+    """Set ``table.key=value`` in ``raw``; returns (table, key)."""
     try:
         key, value = parse_set(item)
     except ValueError:
@@ -257,20 +292,24 @@ def _apply_override(raw: dict, item: str, path: Path) -> None:
     for part in parts[:-1]:
         table = table.setdefault(part, {})
     table[parts[-1]] = value
+    return ".".join(parts[:-1]), parts[-1]
 
 
-def _parse(raw: dict, path: Path) -> Recipe:
-    check_keys(raw, TABLES, path, "recipe")
+def _parse(raw: dict, path: RecipeFile) -> Recipe:
+    errors: list[str] = []
+    _collect(errors, lambda: check_keys(raw, TABLES, path, "recipe"))
     values = {}
     for name, cls in TABLES.items():
         if name not in raw:
-            if _has_default(Recipe, name):
-                continue
-            raise RecipeError(f"{path}: missing table [{name}]")
-        if not isinstance(raw[name], dict):
-            raise RecipeError(f"{path}: [{name}] must be a table")
-        values[name] = _parse_table(cls, raw[name], path, name)
-    return Recipe(**values, path=str(path))
+            if not _has_default(Recipe, name):
+                errors.append(f"{path}: missing table [{name}]")
+        elif not isinstance(raw[name], dict):
+            errors.append(f"{path.of(name, '')}: [{name}] must be a table")
+        else:
+            values[name] = _collect(errors, lambda: _parse_table(cls, raw[name], path, name))
+    if errors:
+        raise RecipeError("\n".join(errors))
+    return Recipe(**values, path=path)  # a RecipeFile: later checks name a --set key by its --set too
 
 
 def _parse_table(cls, table: dict, path: Path, where: str):
@@ -280,14 +319,17 @@ def _parse_table(cls, table: dict, path: Path, where: str):
         flavor = check_value(table["flavor"], str, path, where, "flavor")
         return Model(flavor=flavor, overrides={k: v for k, v in table.items() if k != "flavor"})
     hints = typing.get_type_hints(cls)
-    check_keys(table, hints, path, f"[{where}]")
+    errors: list[str] = []
+    _collect(errors, lambda: check_keys(table, hints, path, f"[{where}]"))
     values = {}
     for name, tp in hints.items():
         if name not in table:
             if not _has_default(cls, name):
-                raise RecipeError(f"{path}: [{where}] missing key '{name}'")
+                errors.append(f"{path}: [{where}] missing key '{name}'")
             continue
-        values[name] = check_value(table[name], tp, path, where, name)
+        values[name] = _collect(errors, lambda: check_value(table[name], tp, path, where, name))
+    if errors:
+        raise RecipeError("\n".join(errors))
     try:
         return cls(**values)
     except (MixtureError, EvalSpecError) as e:  # SourceSpec and EvalSpec check their own values
@@ -295,18 +337,26 @@ def _parse_table(cls, table: dict, path: Path, where: str):
 
 
 def check_keys(table: dict, valid, path, where: str) -> None:
-    """Refuse keys not in ``valid``, suggesting the closest one."""
+    """Refuse keys not in ``valid``, every one of them (a line each), suggesting the closest one."""
+    unknown = []
     for key in table:
         if key not in valid:
             close = difflib.get_close_matches(key, list(valid), n=1)
             hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(valid)}"
-            raise RecipeError(f"{path}: {where} has unknown key '{key}'{hint}")
+            unknown.append(f"{_source(path, where, key)}: {where} has unknown key '{key}'{hint}")
+    if unknown:
+        raise RecipeError("\n".join(unknown))
+
+
+def _source(path, where: str, key: str) -> str:
+    """Where ``[where] key`` came from: the ``--set`` that gave it, else the file."""
+    return path.of(where, key) if isinstance(path, RecipeFile) else str(path)
 
 
 def check_value(value, tp, path: Path, where: str, key: str):
     """``value`` checked (and lightly converted: int -> float) against type ``tp``."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    bad = RecipeError(f"{path}: [{where}] {key}: expected {_type_name(tp)}, got {value!r}")
+    bad = RecipeError(f"{_source(path, where, key)}: [{where}] {key}: expected {_type_name(tp)}, got {value!r}")
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -320,7 +370,7 @@ def check_value(value, tp, path: Path, where: str, key: str):
         raise bad
     if origin is Literal:
         if value not in args:
-            raise RecipeError(f"{path}: [{where}] {key}: must be one of {list(args)}, got {value!r}")
+            raise RecipeError(f"{_source(path, where, key)}: [{where}] {key}: must be one of {list(args)}, got {value!r}")
         return value
     if origin is list:
         if not isinstance(value, list):

@@ -21,6 +21,8 @@ are then sharded on dim 1, as torchtitan shards MoE expert weights once the
 FSDP degree exceeds the number of experts.
 """
 
+import warnings
+
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard
@@ -95,6 +97,13 @@ def apply_fsdp(model: Laneformer, mesh, mp_policy: MixedPrecisionPolicy, reshard
     if cpu_offload:
         config["offload_policy"] = CPUOffloadPolicy()
     placement = lane_placement(model.config.n_lanes, shard_degree)  # None for parameters that are not lane weights
+    # FSDP2 warns, for every block at every step, that a block returned a view: the residual stream is
+    # stored lanes first and returned as its [B, S, L, D] view (model.from_lanes; a copy would be one
+    # more pass over a lane-wide tensor per layer). The danger it names is an in-place op on that view;
+    # the model only adds out of place, and tests/models/test_fsdp_view_output.py checks every
+    # gradient under FSDP2 against the unwrapped model. Only this warning, for this module, is silenced.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPLaneBlock\) returned a view tensor",
+                            category=UserWarning)
     for _, modules, reshard_after_forward in fsdp_units(model, reshard_policy):
         fully_shard(modules if len(modules) > 1 else modules[0], **config,
                     reshard_after_forward=reshard_after_forward, shard_placement_fn=placement)

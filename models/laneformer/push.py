@@ -89,15 +89,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dry-run", action="store_true", help="list what would be uploaded; no network")
     args = parser.parse_args(argv)
 
-    if not (args.folder / "config.json").exists():
-        sys.exit(f"error: {args.folder} has no config.json: not an exported model folder")
+    if not (args.folder / "config.json").exists():  # bad input: 2, as every CLI here
+        parser.exit(2, f"error: {args.folder} has no config.json: not an exported model folder "
+                       "(make one with python -m models.laneformer.convert to-hf RUN OUT)\n")
     revision = f"step-{args.step}" if args.step is not None else args.revision or "main"
     if args.dry_run:
         print(dry_run(args.folder, args.repo_id, revision, args.private))
         return
     try:
         push(args.folder, args.repo_id, revision, args.private)
-    except UploadError as e:
+    except UploadError as e:  # the Hub or the network, not the input: 1
         sys.exit(f"error: {e}")
     print(f"uploaded {args.folder} to {args.repo_id}@{revision}")
 

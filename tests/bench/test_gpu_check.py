@@ -21,10 +21,10 @@ def run(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
 
 
 @cpu_only
-def test_without_gpu_exits_0_with_a_message(tmp_path):
+def test_without_gpu_says_nothing_was_checked_and_exits_2(tmp_path):
     result = run("--out", str(tmp_path / "g.json"))
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "no CUDA GPU found" in result.stdout
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "no CUDA GPU found, so nothing was checked" in result.stderr and "--cpu-check" in result.stderr
     assert not (tmp_path / "g.json").exists()
 
 

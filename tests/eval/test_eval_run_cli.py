@@ -30,8 +30,16 @@ def test_a_bad_set_exits_2_naming_it(tmp_path, capsys, sets, message):
 
 
 def test_a_folder_that_holds_no_checkpoint_exits_2(tmp_path, capsys):
+    bundle = write_toy_core_bundle(tmp_path / "core")
     assert f"{tmp_path}: neither a DCP checkpoint" in exit_2(capsys, ["--checkpoint", str(tmp_path),
-                                                                     "--core", str(tmp_path)])
+                                                                     "--core", str(bundle)])
+
+
+def test_a_missing_core_bundle_exits_2_naming_it_before_the_checkpoint_is_opened(tmp_path, capsys):
+    """The checkpoint does not exist either: had eval.run opened it first, it would say so instead."""
+    err = exit_2(capsys, ["--checkpoint", str(tmp_path / "no-such-run"), "--core", str(tmp_path / "no-bundle")])
+    assert err == (f"error: CORE bundle {tmp_path / 'no-bundle'}: no tasks.csv (no such folder); "
+                   "get the bundle with python -m eval.core_data fetch DIR\n")
 
 
 def test_no_task_exits_2_before_loading_anything(tmp_path, capsys):
@@ -93,7 +101,7 @@ def test_an_import_is_scored_with_the_tokenizer_files_beside_its_weights(tmp_pat
 
 def test_a_checkpoint_without_a_findable_tokenizer_exits_2(tmp_path, capsys):
     step = write_tiny_run(tmp_path / "run", None)
-    err = exit_2(capsys, ["--checkpoint", str(tmp_path / "run"), "--core", str(tmp_path)])
+    err = exit_2(capsys, ["--checkpoint", str(tmp_path / "run"), "--core", str(write_toy_core_bundle(tmp_path / "core"))])
     assert f"{tmp_path / 'run'}: cannot tell which tokenizer this checkpoint was trained with" in err
     assert f"{step}: no tokenizer files" in err
     assert "pass --tokenizer" in err
@@ -114,7 +122,7 @@ def test_a_tokenizer_that_cannot_be_the_models_exits_2(tmp_path, capsys):
         assert Tokenizer(tmp_path / f"v{n}.model").vocab_size == n
     step = write_tiny_run(tmp_path / "run", TINY_TOKENIZER)
     for n, why in ((1000, "3096 ids it would never use"), (4196, "ids the model has no embedding for")):
-        err = exit_2(capsys, ["--checkpoint", str(step), "--core", str(tmp_path),
+        err = exit_2(capsys, ["--checkpoint", str(step), "--core", str(write_toy_core_bundle(tmp_path / "core")),
                               "--tokenizer", str(tmp_path / f"v{n}.model")])
         assert f"{step}: the model has 4096 ids, tokenizer {tmp_path / f'v{n}.model'} {n}: {why}" in err
         assert "not this model's tokenizer" in err

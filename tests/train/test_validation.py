@@ -68,7 +68,23 @@ def test_init_from_resolves_to_the_latest_complete_step(tmp_path):
 ])
 def test_model_overrides_are_type_checked_against_the_model_config(tmp_path, override, message):
     (found,) = problems(tiny(tmp_path, override))
-    assert found.startswith(f"{REPO / 'recipes' / 'tiny.toml'}: {message}")
+    # the key came from the command line, so the error names the --set (over the file)
+    assert found.startswith(f"--set {override} (over {REPO / 'recipes' / 'tiny.toml'}): {message}")
+
+
+def test_every_bad_key_is_reported_at_once_each_naming_who_gave_it(tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text((REPO / "recipes" / "tiny.toml").read_text().replace("lr = 3e-3", "lrr = 3e-3\nbetaz = 1"))
+    with pytest.raises(R.RecipeError) as e:
+        R.load(str(recipe), ["training.stepz=3", "training.steps=abc"])
+    lines = str(e.value).splitlines()
+    assert lines == [
+        f"{recipe}: [optimizer] has unknown key 'lrr'; did you mean 'lr'?",
+        f"{recipe}: [optimizer] has unknown key 'betaz'; did you mean 'betas'?",
+        f"{recipe}: [optimizer] missing key 'lr'",
+        f"--set training.stepz=3 (over {recipe}): [training] has unknown key 'stepz'; did you mean 'steps'?",
+        f"--set training.steps=abc (over {recipe}): [training] steps: expected int | None, got 'abc'",
+    ]
 
 
 def test_model_overrides_of_the_right_type_reach_the_model(tmp_path):
@@ -101,11 +117,17 @@ def test_a_tokenizer_with_another_sha256_is_refused_naming_both(tmp_path):
         tiny(tmp_path, 'data.tokenizer_sha256="abc"')
 
 
-def test_a_missing_data_source_is_named(tmp_path):
-    found = problems(tiny(tmp_path, f"data.sources=[{{name = \"gone\", path = \"{tmp_path / 'gone'}\", weight = 1.0}}]"))
-    assert found == [f"{REPO / 'recipes' / 'tiny.toml'}: [data.sources[0]] path: {tmp_path / 'gone'} not found "
-                     f"(source 'gone'; make it with python -m train.data tokenize --recipe "
-                     f"{REPO / 'recipes' / 'tiny.toml'} --source gone)"]
+def test_a_missing_data_source_is_named_with_the_command_that_makes_it(tmp_path):
+    """From the Hub when the source names a hub_id (train.data reads the recipe), else from your files."""
+    recipe, gone = REPO / "recipes" / "tiny.toml", tmp_path / "gone"
+    found = problems(tiny(tmp_path, f"data.sources=[{{name = \"gone\", path = \"{gone}\", weight = 1.0, "
+                                    f"hub_id = \"org/corpus\"}}]"))
+    assert found == [f"{recipe}: [data.sources[0]] path: {gone} not found "
+                     f"(source 'gone'; make it with python -m train.data tokenize --recipe {recipe} --source gone)"]
+    found = problems(tiny(tmp_path, f"data.sources=[{{name = \"gone\", path = \"{gone}\", weight = 1.0}}]"))
+    assert found == [f"{recipe}: [data.sources[0]] path: {gone} not found (source 'gone'; make it with "
+                     f"python -m data.tokenize --input <your jsonl/parquet files> --text-key text "
+                     f"--tokenizer {REPO / 'assets' / 'tokenizer' / 'tokenizer.model'} --out {gone})"]
 
 
 def test_an_unwritable_export_dir_is_refused(tmp_path):
@@ -120,8 +142,11 @@ def test_train_py_reports_every_problem_exits_2_and_writes_nothing(tmp_path):
     sets = [f"run.output_dir={tmp_path / 'run'}", 'model.max_seq_len="256"', f"checkpoint.init_from={tmp_path / 'p1'}",
             f"data.tokenizer={tmp_path / 'nope.model'}", "checkpoint.export_hf=true",
             f"checkpoint.export_dir={tmp_path / 'a-file' / 'hf'}", "parallel.replicate=2"]
-    expected = ["[parallel] replicate: 2 does not divide the 1 ranks", "[model] max_seq_len: expected int",
-                "[checkpoint] init_from:", "[data] tokenizer:", "[checkpoint] export_dir:"]
+    tiny_toml = REPO / "recipes" / "tiny.toml"
+    expected = [f"{tiny_toml}: [parallel] replicate: 2 does not divide the 1 ranks",
+                f'--set model.max_seq_len="256" (over {tiny_toml}): [model] max_seq_len: expected int',
+                f"{tiny_toml}: [checkpoint] init_from:", f"{tiny_toml}: [data] tokenizer:",
+                f"{tiny_toml}: [checkpoint] export_dir:"]
     for extra in ([], ["--dry-run"]):
         cmd = [sys.executable, str(REPO / "train.py"), "--recipe", "tiny.toml", *extra]
         for s in sets:
@@ -131,7 +156,7 @@ def test_train_py_reports_every_problem_exits_2_and_writes_nothing(tmp_path):
         errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
         assert len(errors) == len(expected), result.stderr[-2000:]
         for line, what in zip(errors, expected):
-            assert line.startswith(f"error: {REPO / 'recipes' / 'tiny.toml'}: {what}")
+            assert line.startswith(f"error: {what}")
         assert not (tmp_path / "run").exists()
 
 

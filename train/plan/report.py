@@ -43,15 +43,19 @@ def run_report(recipe: R.Recipe, *, gpus: int, mfu: float, peak_tflops: float) -
         model = config.build()
     t = recipe.training
     nparams, flops = config.get_nparams_and_flops(model, t.seq_len)
-    seconds = t.total_tokens * flops / (mfu * peak_tflops * 1e12 * gpus)
+    if gpus:
+        seconds = t.total_tokens * flops / (mfu * peak_tflops * 1e12 * gpus)
+        wall = (f"expected wall time: {seconds / 86400:.1f} days on {gpus} GPUs at {mfu:.0%} MFU "
+                f"of {peak_tflops:g} TFLOP/s ({t.total_tokens / seconds / gpus:,.0f} tokens/s/GPU)")
+    else:  # an MFU of a GPU's peak says nothing about a 2M-parameter model on a CPU
+        wall = "expected wall time: a CPU recipe ([parallel] gpus = 0): no GPU estimate; --gpus N makes one for N GPUs"
     return "\n".join([
         f"recipe: {recipe.path}",
         f"model: {recipe.model.flavor}, parameters: {nparams:,}",
         f"tokens per step: {recipe.tokens_per_step:,} ({t.global_batch} x {t.seq_len})",
         f"steps: {t.steps:,}  total tokens: {t.total_tokens:,}",
         f"FLOPs per token: {flops:,} ({flops / 1e9:.2f} GFLOP)",
-        f"expected wall time: {seconds / 86400:.1f} days on {gpus} GPUs at {mfu:.0%} MFU "
-        f"of {peak_tflops:g} TFLOP/s ({t.total_tokens / seconds / gpus:,.0f} tokens/s/GPU)",
+        wall,
         f"run dir: {recipe.output_dir}",
     ])
 
