@@ -156,16 +156,19 @@ def _with_force_sum_reduction(parallelize_fn):
     return parallelize
 
 
-def adapt_config(config: Trainer.Config) -> Trainer.Config:
+def adapt_config(config: Trainer.Config, fp32: bool = True) -> Trainer.Config:
     """Adjust a ``Trainer.Config`` in place for CPU; unchanged with a GPU.
 
-    fp32 params (bf16 GEMMs are ~20x slower on CPU), no CUDA graphs, long
-    comm timeouts, and FSDP modules forced to SUM reductions (wrapping
+    fp32 params unless ``fp32`` is False (bf16 GEMMs are ~20x slower on CPU;
+    the recipe's ``[parallel] cpu_fp32``: False keeps FSDP2's bf16 compute with
+    fp32 master weights and reductions, the cluster's precision), no CUDA graphs,
+    long comm timeouts, and FSDP modules forced to SUM reductions (wrapping
     ``model_spec.parallelize_fn``, which the Trainer also hands to pipelining_fn).
     """
     if has_gpu():
         return config
-    config.training.mixed_precision_param = "float32"
+    if fp32:
+        config.training.mixed_precision_param = "float32"
     config.training.disable_cuda_graphs = True
     config.comm.init_timeout_seconds = max(
         config.comm.init_timeout_seconds, CPU_COMM_TIMEOUT_SECONDS
