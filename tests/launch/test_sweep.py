@@ -1,0 +1,148 @@
+"""launch.sweep end to end: the tiny sweep (2 variants x 2 seeds, through launch.local) compared by
+``python -m train.report`` against each run's own metrics.jsonl, a rerun that starts nothing, an
+invalid variant refused with nothing written, the dry run's grid and plan, and a one-run sweep
+submitted through launch.slurm on the emulated cluster."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch.attempts import history
+from launch.sweep import main as sweep_main
+from launch.sweep import state
+from train.report.__main__ import main as report_main
+from rundir import REPO
+from tests.conftest import env
+from tests.launch.conftest import wait_for
+from tests.launch.test_launch_slurm import JOB_ENV, slurm  # noqa: F401 (the fixture)
+
+TINY_SWEEP = REPO / "recipes" / "sweeps" / "tiny-dtp.toml"
+# The tiny sweep, as short as a comparison can be: 4 steps, validation at the end only.
+SHORT = ("training.steps=4", "training.seq_len=64", "training.global_batch=8", "training.micro_batch=4",
+         "schedule.warmup_steps=1", "logging.interval=2", "checkpoint.interval=4", "eval.every=0",
+         "eval.val_samples=8", "logging.tensorboard=false")
+RUNS = ["delay=0-seed1", "delay=2-seed1", "delay=0-seed2", "delay=2-seed2"]
+
+
+def sweep_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launch.sweep", *args], cwd=REPO, env=env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep") / "tiny-dtp"
+    args = (str(TINY_SWEEP), f"--root={root}", *(f"--set={s}" for s in SHORT))
+    first = sweep_cli(*args, "--parallel=2")
+    assert first.returncode == 0, first.stdout + first.stderr
+    return root, args, first
+
+
+@pytest.fixture(scope="module")
+def report(tiny_sweep):
+    """What ``python -m train.report SWEEP_DIR`` prints: its main, in this process (torch is imported already)."""
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert report_main([str(tiny_sweep[0])]) == 0
+    return out.getvalue()
+
+
+@pytest.mark.slow
+def test_the_comparison_holds_each_runs_own_metrics(tiny_sweep, report):
+    root = tiny_sweep[0]
+    assert sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != "logs") == sorted(RUNS)
+    record = json.loads((root / "sweep.json").read_text())
+    assert [(r["run_dir"], r["state"]) for r in record["runs"]] == [(r, "done") for r in RUNS]
+    rows = list(csv.DictReader(open(root / "comparison.csv")))
+    assert [f"{r['variant']}-seed{r['seed']}" for r in rows] == RUNS
+    for row in rows:
+        run = Path(row["run_dir"])
+        logged = {}
+        for line in (run / "metrics.jsonl").read_text().splitlines():
+            logged.setdefault(json.loads(line)["step"], {}).update(json.loads(line))
+        at = logged[4]  # the last step: every run reached it, with its validation
+        assert int(row["tokens"]) == 4 * 8 * 64
+        assert float(row["train_loss"]) == at["loss_metrics/global_avg_loss"]
+        assert float(row["val_loss"]) == at["eval/val_loss"]
+        assert float(row["val_bpb"]) == at["eval/val_bpb"]
+        assert float(row["tokens_per_s"]) == at["throughput(tps)"]
+        assert json.loads((run / "launcher" / "attempts.jsonl").read_text().splitlines()[-1])["action"] == "done"
+        seed = int(row["seed"])
+        assert f"seed = {seed}" in (run / "recipe.toml").read_text()
+    summary = list(csv.DictReader(open(root / "summary.csv")))
+    assert [(r["variant"], r["n"], r["verdict"]) for r in summary][0] == ("delay=0", "2", "baseline")
+    mean = sum(float(r["val_loss"]) for r in rows if r["variant"] == "delay=2") / 2
+    assert float(summary[1]["val_loss_mean"]) == pytest.approx(mean)
+    assert "validation loss at step 4 = 2,048 tokens" in report
+    assert summary[1]["verdict"] in report
+    assert (root / "report.html").is_file()
+
+
+@pytest.mark.slow
+def test_a_rerun_starts_nothing(tiny_sweep):
+    root, args, first = tiny_sweep
+    assert "starting 4:" in first.stdout
+    before = {r: len(history(root / r)) for r in RUNS}
+    again = sweep_cli(*args)
+    assert again.returncode == 0, again.stderr
+    assert "starting 0: nothing" in again.stdout and "runs: 4 done, 0 running, 0 left" in again.stdout
+    assert {r: len(history(root / r)) for r in RUNS} == before
+
+
+def test_an_invalid_variant_is_refused_by_name_and_key_with_nothing_written(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('recipe = "tiny.toml"\nseeds = [1, 2]\nbaseline = { "model.n_lanes" = 8 }\n'
+                   '[vary]\nmodel.n_lanes = [8, 3]\n')
+    root = tmp_path / "out"
+    assert sweep_main([str(bad), f"--root={root}"]) == 2
+    err = capsys.readouterr().err
+    assert "variant model.n_lanes=3:" in err and "model.n_heads must be divisible by n_lanes=3" in err
+    assert "variant model.n_lanes=8" not in err
+    assert not root.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.toml"]
+
+
+def test_the_dry_run_prints_the_grid_and_each_runs_plan(tmp_path, capsys):
+    root = tmp_path / "out"
+    assert sweep_main([str(TINY_SWEEP), f"--root={root}", "--dry-run", "--gpus=2", "--gpu=h100",
+                       *(f"--set={s}" for s in SHORT)]) == 0
+    out = capsys.readouterr().out
+    assert "2 variants x 2 seeds = 4 runs" in out and "baseline delay=0" in out
+    assert all(f"  {r}: left" in out for r in RUNS)
+    plan = out[out.index("plan per run on 2 x H100"):].splitlines()
+    rows = {line.split()[0]: line.split() for line in plan[2:4]}
+    assert set(rows) == {"delay=0", "delay=2"} and all(r[3] == "yes" for r in rows.values())
+    hours = sum(float(r[-1]) for r in rows.values()) * 2
+    assert f"sweep total: 4 runs, {hours:,.1f} GPU-hours" in out
+    assert not root.exists()
+
+
+@pytest.mark.slow
+def test_a_sweep_submits_through_launch_slurm_and_its_run_finishes(slurm, tmp_path):  # noqa: F811
+    one = tmp_path / "one.toml"
+    one.write_text('recipe = "tiny.toml"\nseeds = [3]\nbaseline = { "model.delay" = 2 }\n[vary]\n'
+                   "model.delay = [2]\n")
+    root = tmp_path / "one"
+    args = (str(one), f"--root={root}", "--slurm", "--nodes=1", "--gpus-per-node=0", "--nproc-per-node=1",
+            "--slurm-arg=--no-exclusive", *(f"--slurm-arg={e}" for e in JOB_ENV), *(f"--set={s}" for s in SHORT))
+    run = root / "delay=2-seed3"
+    try:
+        first = sweep_cli(*args)
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert "submitted job" in first.stdout
+        wait_for(lambda: state(run) == "done", "the sweep's SLURM job to finish", timeout=240)
+        again = sweep_cli(*args)
+        assert "starting 0: nothing" in again.stdout and "runs: 1 done" in again.stdout
+        assert json.loads((root / "sweep.json").read_text())["runs"][0]["state"] == "done"
+        assert (run / "launcher" / "job.sbatch").is_file()  # launch.slurm's own batch script ran it
+    finally:
+        jobs = run / "launcher" / "jobs"
+        if jobs.exists():
+            subprocess.run(["scancel", *jobs.read_text().split()], capture_output=True)
