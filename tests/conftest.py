@@ -65,19 +65,13 @@ def env() -> dict:
 
 
 def train(recipe: str, *sets: str, nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``train.py`` on ``nproc`` ranks. One rank runs without the torchrun agent, with the
-    environment torchrun would give it (the agent costs ~1.5 s a launch here); the exit code is
-    then train.py's own rather than torchrun's 1."""
-    cmd, extra = train_command(recipe, *sets, nproc=nproc), {}
+    """``train.py`` on ``nproc`` ranks. One rank runs as ``python train.py``, without the torchrun agent
+    (~1.5 s a launch here): train.py then gives itself torchrun's one-rank environment, and the exit code
+    is train.py's own rather than torchrun's 1."""
+    cmd = train_command(recipe, *sets, nproc=nproc)
     if nproc == 1:
-        cmd, extra = [sys.executable, *cmd[cmd.index(str(REPO / "train.py")):]], one_rank_env()
-    return subprocess.run(cmd, cwd=REPO, env={**env(), **extra}, capture_output=True, text=True, timeout=timeout)
-
-
-def one_rank_env() -> dict:
-    """What torchrun sets for the one rank of a one-process run, for running train.py without it."""
-    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        cmd = [sys.executable, *cmd[cmd.index(str(REPO / "train.py")):]]
+    return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
 
 
 def metrics(run_dir: Path) -> dict[int, dict]:

@@ -37,15 +37,33 @@ def free_bytes(folder: Path) -> int:
     return shutil.disk_usage(folder).free
 
 
+def causes(error: BaseException):
+    """``error``, what it was raised from, and for DCP's CheckpointException each rank's own error."""
+    seen, todo = set(), [error]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo += [e.__cause__ or e.__context__, *(exc for exc, _ in getattr(e, "failures", {}).values())]
+
+
+def out_of_space_error(error: BaseException) -> OSError | None:
+    """``error`` or one behind it (``causes``) that is ENOSPC or EDQUOT, if any."""
+    return next((e for e in causes(error) if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)), None)
+
+
 def is_out_of_space(error: BaseException) -> bool:
-    """Whether ``error`` or one it was raised from is ENOSPC or EDQUOT."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    return out_of_space_error(error) is not None
+
+
+def cause_line(error: BaseException) -> str:
+    """The one line that says why: the out-of-space OSError where there is one, else the innermost
+    error's first line (DCP's CheckpointException embeds every rank's traceback in its text)."""
+    root = out_of_space_error(error) or list(causes(error))[-1]
+    lines = str(root).strip().splitlines()
+    return f"{type(root).__name__}: {lines[0] if lines else ''}"
 
 
 def _mb(n: int) -> str:
@@ -77,7 +95,7 @@ class NoSpace(StopRun):
     def at(cls, folder: Path, per_checkpoint: int, cause: BaseException, step: int) -> NoSpace:
         free = free_bytes(folder)
         text = (f"no space for the checkpoint of step {step} in {folder}: {_mb(free)} free, a checkpoint "
-                f"needs about {_mb(per_checkpoint)} ({type(cause).__name__}: {str(cause).strip()[:300]}). "
+                f"needs about {_mb(per_checkpoint)} ({cause_line(cause)}). "
                 "Free space or move the run dir, then run the same command again: it resumes from the "
                 "latest complete checkpoint")
         return cls(text, step=step, folder=str(folder), free_bytes=free, checkpoint_bytes=per_checkpoint,

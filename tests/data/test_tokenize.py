@@ -115,6 +115,25 @@ def test_parquet_glob_input(tmp_path):
     assert manifest["input"]["kind"] == "parquet" and manifest["input"]["glob"] == "*.parquet"
 
 
+def test_a_text_key_that_matches_nothing_exits_2_naming_the_columns_and_a_fixed_rerun_tokenizes(tmp_path, capsys):
+    """A wrong --text-key reads every row and finds no text: an error naming the key and the columns
+    the rows have (parquet too), no manifest; the same command with the right key then tokenizes."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"content": ["one doc", "two docs"], "id": [1, 2]}), tmp_path / "in" / "a.parquet")
+    argv = ["--input", str(tmp_path / "in" / "*.parquet"), "--tokenizer", str(TINY_TOKENIZER), "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exit_:
+        tokenize.main([*argv, "--text-key", "text"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "no documents: --text-key 'text' matched no text; its rows have the columns ['content', 'id']" in err
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    tokenize.main([*argv, "--text-key", "content"])
+    assert load_manifest(tmp_path / "out")["num_documents"] == 2
+
+
 def test_describe_input(tmp_path):
     assert tokenize.describe_input("HuggingFaceFW/fineweb-edu", "train", "sample-10BT") == {
         "kind": "hub", "dataset": "HuggingFaceFW/fineweb-edu", "split": "train", "subset": "sample-10BT"}

@@ -15,7 +15,7 @@ import rundir
 from models.laneformer.state_dict_adapter import hf_to_native_name
 from train.exits import EXIT_FILE_ENV, Exit
 from rundir import REPO
-from tests.conftest import env, losses, metrics, one_rank_env
+from tests.conftest import env, losses, metrics
 
 SHORT = ("training.seq_len=64", "training.global_batch=8", "training.micro_batch=4", "schedule.warmup_steps=2",
          "logging.interval=1", "logging.tensorboard=false", 'logging.wandb_mode="disabled"',
@@ -36,7 +36,7 @@ def train_rank0(run, *sets, inject: str = "", exit_file=None) -> subprocess.Comp
     args = ["--recipe", "tiny.toml", "--set", f"run.output_dir={run}"]
     for s in (*SHORT, *sets):
         args += ["--set", s]
-    extra = one_rank_env()
+    extra = {}  # train.py runs as torchrun's one rank by itself
     if exit_file:
         extra[EXIT_FILE_ENV] = str(exit_file)
     return subprocess.run([sys.executable, "-c", RUN.format(repo=str(REPO), inject=inject, args=args)],
