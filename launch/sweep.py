@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import re
 import subprocess
 import sys
@@ -56,6 +55,7 @@ from launch.attempts import history, job_info
 from rundir import REPO, parse_set
 from train import recipe as R
 from train.exits import Exit
+from train.plan.gpus import GPUS
 from train.report.sweep import SWEEP_FILE
 
 RESERVED = ("run.output_dir", "run.seed", "run.name")  # the sweep sets these for every run
@@ -110,6 +110,9 @@ def read_sweep(path: str | Path, extra_sets: list[str] = ()) -> Sweep:
     for key in ("recipe", "seeds", "vary"):
         if key not in raw:
             raise SweepError(f"{path}: missing key '{key}'")
+    for key in ("set", "baseline"):
+        if not isinstance(raw.get(key, {}), dict):
+            raise SweepError(f"{path}: {key}: expected a table")
     name = raw.get("name", path.stem)
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._-]+", name):
         raise SweepError(f"{path}: name: expected letters, digits, '.', '_' or '-', got {name!r}")
@@ -124,6 +127,8 @@ def read_sweep(path: str | Path, extra_sets: list[str] = ()) -> Sweep:
             raise SweepError(f"--set: {e}") from None
         sets[key] = value
     vary = raw["vary"]
+    if not all(isinstance(g, dict) for g in (vary if isinstance(vary, list) else [vary])):
+        raise SweepError(f"{path}: vary: expected a table [vary] or tables [[vary]]")
     grids = [_flatten(g) for g in (vary if isinstance(vary, list) else [vary])]
     for i, grid in enumerate(grids):
         where = f"{path}: [vary]" if not isinstance(vary, list) else f"{path}: [[vary]] #{i + 1}"
@@ -190,11 +195,14 @@ def variants(sweep: Sweep, world: int, root: Path) -> tuple[list[Variant], str]:
             except R.RecipeError as e:
                 problems.append((label, [str(e)]))
                 continue
-            if checked.problems:
-                problems.append((label, checked.problems))
             v = Variant(declared, recipe=recipe, config=checked.config)
             v.values = {k: _value(recipe, checked.config, k, declared.get(k)) for k in axes}
-            found.setdefault(tuple(json.dumps(v.values[k]) for k in axes), v)
+            key = tuple(json.dumps(v.values[k]) for k in axes)
+            if key in found:  # the same run as an earlier grid's
+                continue
+            found[key] = v
+            if checked.problems:
+                problems.append((label, checked.problems))
     out = list(found.values())
     if out:
         name_variants(sweep, out, axes)
@@ -365,7 +373,7 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 def plan_lines(found: list[Variant], sweep: Sweep, gpus: int, gpu: str) -> list[str]:
     """Per variant: train/plan's memory and roofline (with communication) on ``gpus`` x ``gpu``, as
     ``train.py --plan`` computes them; GPU-hours = tokens / (tokens/s/GPU) / 3600 per run."""
-    from train.plan import GIB, GPUS, make_plan
+    from train.plan import GIB, make_plan
 
     rows, total, planned = [], 0.0, 0
     for v in found:
@@ -401,7 +409,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--root", type=Path, help="the sweep dir (default runs/sweeps/<name> in the repo)")
     p.add_argument("--dry-run", action="store_true", help="print the grid (and with --gpus the plan); start nothing")
     p.add_argument("--gpus", type=int, help="dry run: plan each run on this many GPUs")
-    p.add_argument("--gpu", default="h100", help="dry run: the GPU kind (h100, h200, a100, mi300x)")
+    p.add_argument("--gpu", default="h100", choices=list(GPUS), help="dry run: the GPU kind")
     p.add_argument("--nproc", type=int, default=1, help="local: ranks per run (launch.local --nproc)")
     p.add_argument("--parallel", type=int, default=1, help="local: runs at once")
     p.add_argument("--slurm", action="store_true", help="submit each run with launch.slurm (a job per run)")

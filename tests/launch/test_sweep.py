@@ -18,11 +18,11 @@ import pytest
 from launch.attempts import history
 from launch.sweep import main as sweep_main
 from launch.sweep import state
-from train.report.__main__ import main as report_main
 from rundir import REPO
 from tests.conftest import env
 from tests.launch.conftest import wait_for
 from tests.launch.test_launch_slurm import JOB_ENV, slurm  # noqa: F401 (the fixture)
+from train.report.__main__ import main as report_main
 
 TINY_SWEEP = REPO / "recipes" / "sweeps" / "tiny-dtp.toml"
 # The tiny sweep, as short as a comparison can be: 4 steps, validation at the end only.
