@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from pathlib import Path
 import rundir
 from rundir import exit_file, latest_complete_step, launcher_dir
 from train.exits import Exit
+from train.heartbeat import heartbeat_dir, read_beats, summary
 from train.storage import NoSpace, free_bytes, is_out_of_space
 
 # A rank that died of one of these was killed by the node (OOM killer, bad memory, a crash
@@ -99,8 +101,10 @@ def checkpoint_size(step_dir: Path) -> int:
 
 
 def begin(run: Path, job: str, **info) -> dict:
-    """Record a start (and where each node log ends now); clear the previous start's exit note."""
+    """Record a start (and where each node log ends now); clear the previous start's exit note
+    and heartbeats (launch.watchdog reads this start's only)."""
     exit_file(run).unlink(missing_ok=True)
+    shutil.rmtree(heartbeat_dir(run), ignore_errors=True)
     logs = {p.name: p.stat().st_size for p in logs_dir(run).glob("node*.log")}
     return _append(run, {"event": "start", "job": job, "step": checkpoint_step(run), **info, "logs": logs})
 
@@ -119,7 +123,8 @@ def end(run: Path, job: str, rc: int, crashes_per_day: int = 0, nodes: str = "")
         note = {}
     before, after = (starts[-1]["step"] if starts else 0), checkpoint_step(run)
     action, cause, why = decide(rc, note, before, after, recent, crashes_per_day)
-    event = {"event": "end", "job": job, "rc": rc, "step": after, "action": action, "cause": cause, "why": why}
+    event = {"event": "end", "job": job, "rc": rc, "step": after, "action": action, "cause": cause, "why": why,
+             "summary": summary(read_beats(run))}  # for launch.goodput: begin() removes the beats
     if action == "restart" and cause == "crash":
         pinned = fault_nodes(run, starts[-1].get("logs", {}) if starts else {}, hostnames(nodes)) | down_nodes(nodes)
         if pinned:

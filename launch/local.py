@@ -82,7 +82,7 @@ def watch(proc: subprocess.Popen, dog: Watchdog) -> int:
     while (rc := proc.poll()) is None:
         if stall := dog.check():
             where = dog.handle(stall)
-            print(f"launch.local: STALL: no progress for {stall['idle_s']:.0f} s; stacks in {where}",
+            print(f"launch.local: STALL: no progress for {stall['idle_s']:.1f} s; stacks in {where}",
                   file=sys.stderr, flush=True)
             kill_tree(proc.pid)
             return proc.wait()

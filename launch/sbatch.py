@@ -15,6 +15,9 @@ What it does, and why each piece is there:
   pinned to a node requeues with that node added to the job's ExcNodeList
   (only a pending job can be updated: requeue first, with SIGTERM ignored so
   the requeue's own signal does not cut the update off);
+- ``launch.watchdog`` runs beside srun on the first node: a start that makes
+  no progress for ``[launch] stall_timeout`` gets its ranks' stacks dumped
+  and is killed, and ``launch.attempts end`` records the cause ``stall``;
 - ``--open-mode=append`` so a restart does not truncate the logs; absolute
   interpreter paths because sbatch exports the submitting environment.
 """
@@ -113,9 +116,12 @@ def render(job: Job) -> str:
         f"  --signals-to-handle={SIGNALS_TO_HANDLE} --shutdown-timeout={job.signal_lead} \\",
         f"  train.py --recipe {q(str(job.recipe))} &",
         "srun_pid=$!",
+        f'"$PY" -m launch.watchdog "$RUN" --job "$SLURM_JOB_ID" --pid "$srun_pid" --recipe {q(str(job.recipe))} &',
+        "watchdog_pid=$!",
         "# A trapped signal interrupts `wait`: wait again until srun is gone.",
         'while :; do wait "$srun_pid"; rc=$?; kill -0 "$srun_pid" 2>/dev/null || break; done',
         "srun_pid=  # a late signal must not reach a reused pid",
+        'kill "$watchdog_pid" 2>/dev/null; wait "$watchdog_pid" 2>/dev/null',
         "",
         f'decision=$("$PY" -m launch.attempts end "$RUN" --job "$SLURM_JOB_ID" --rc "$rc" '
         f'--crashes-per-day {job.crashes_per_day} --nodes "$SLURM_JOB_NODELIST")',

@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 from launch.attempts import checkpoint_step, history, job_info, launcher_dir
+from launch.goodput import lines as goodput_lines
 from launch.sbatch import Job, render
 from rundir import recorded_recipe
 from train import recipe as R
@@ -151,6 +152,7 @@ def status(run: Path) -> str:
     recipe = recorded_recipe(launcher_dir(run)) or recorded_recipe(run) or {}  # frozen by submit, or the run's own
     total = recipe.get("training", {}).get("steps", "?")
     lines.append(f"latest checkpoint: step {checkpoint_step(run)} of {total}")
+    lines += goodput_lines(run)
     ids = job_ids(run)
     if not ids:
         return "\n".join(lines + local_launches(run))

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -50,6 +49,7 @@ from train.exits import Exit
 from train.heartbeat import STACKS_SIGNAL, heartbeat_dir, read_beats
 
 EVAL_PHASES = {"eval", "export", "report"}  # hooks that may run for minutes (train.hooks.Hook.phase)
+STATES = {"T": "stopped", "D": "in uninterruptible sleep"}  # /proc/<pid>/stat states that cannot dump
 DUMP_WAIT_S = 5.0  # how long the ranks get to write their stacks
 
 
@@ -107,8 +107,7 @@ class Watchdog:
 
     def __init__(self, run: Path, limits: Limits, attempt: str, job: str | None = None):
         self.run, self.limits, self.attempt, self.job = Path(run), limits, attempt, job
-        shutil.rmtree(heartbeat_dir(self.run), ignore_errors=True)  # the last launch's beats are not this one's
-        self.started = time.time()
+        self.started = time.time()  # launch.attempts.begin removed the last start's beats
 
     def check(self) -> dict | None:
         return stalled(read_beats(self.run), self.started, self.limits, time.time())
@@ -117,13 +116,19 @@ class Watchdog:
         """Note the cause, dump every rank's stacks, kill the ranks; returns the stall folder."""
         where = self.run / "stalls" / self.attempt
         where.mkdir(parents=True, exist_ok=True)
-        oldest = max(stall["ranks"], key=lambda r: r["idle_s"], default=None)
-        at = f"; rank {oldest['rank']} silent longest, in {oldest['phase']} of step {oldest['step']}" if oldest else ""
-        message = f"no progress for {stall['idle_s']:.0f} s (allowed {stall['limit_s']:.0f} s: {stall['allowance']}){at}"
-        self._note(message, where)
         local = socket.gethostname()
         for r in stall["ranks"]:
             r["state"] = proc_state(r["pid"]) if r["host"] == local else None
+        message = f"no progress for {stall['idle_s']:.1f} s (allowed {stall['limit_s']:g} s: {stall['allowance']})"
+        stuck = [r for r in stall["ranks"] if r["state"] in ("T", "D")]
+        behind = min(stall["ranks"], key=lambda r: r["step"], default=None)
+        if stuck:
+            message += "; " + ", ".join(f"rank {r['rank']} on {r['host']} {STATES[r['state']]} in {r['phase']} of step "
+                                        f"{r['step']}" for r in stuck)
+        elif behind:
+            message += f"; rank {behind['rank']} on {behind['host']} in {behind['phase']} of step {behind['step']}"
+        self._note(message, where)
+        for r in stall["ranks"]:
             if r["state"] == "T":
                 continue  # a stopped process runs no handler: it would dump only after SIGCONT
             self._signal(r, STACKS_SIGNAL)

@@ -10,9 +10,11 @@ runs after the step (``eval``, ``export``, ``report``, ...). A beat is a
 ``pwrite`` of one padded JSON line (tens of microseconds, page cache only): it
 reads no tensor, so it adds no host sync. ``launch.watchdog`` reads the files.
 
-The record also carries what goodput accounting needs from this process: when
-it started, and the marks of its way to the first step (``rendezvous``,
-``built``, ``loaded``, ``first_step``: wall-clock seconds).
+The record also carries what goodput accounting (launch.goodput) needs from
+this process: the marks of its way to the first step (``process`` start,
+``trainer`` init, ``rendezvous`` done, ``built``, checkpoint ``loaded``,
+``first_step`` done: wall-clock seconds), and after the first step the seconds
+spent in each phase (``phase_s``), summed at each beat.
 
 For the stacks of a stalled rank, ``faulthandler`` is registered on
 ``STACKS_SIGNAL`` (SIGUSR2) and writes every thread's Python stack into
@@ -39,7 +41,7 @@ from pathlib import Path
 from rundir import launcher_dir
 
 STACKS_SIGNAL = signal.SIGUSR2
-RECORD_BYTES = 1024  # every beat overwrites the same bytes: no truncate, no torn length
+RECORD_BYTES = 2048  # every beat overwrites the same bytes: no truncate, no torn length
 
 
 def heartbeat_dir(run: Path) -> Path:
@@ -69,13 +71,15 @@ class Heartbeat:
         self.fd = os.open(folder / f"rank-{self.rank}.json", os.O_WRONLY | os.O_CREAT, 0o644)
         self.record = {"rank": self.rank, "world": int(os.environ.get("WORLD_SIZE", 1)), "pid": os.getpid(),
                        "host": socket.gethostname(), "step": 0, "phase": "build", "done": 0,
-                       "marks": {"process": process_start_time()}}
+                       "marks": {"process": process_start_time(), "trainer": time.time()}, "phase_s": {}}
         self.beat("build")
 
     def beat(self, phase: str, step: int | None = None) -> None:
         """Entering ``phase`` (of ``step``, when given)."""
-        r = self.record
-        r["phase"], r["time"] = phase, time.time()
+        r, now = self.record, time.time()
+        if "first_step" in r["marks"] and "time" in r:  # the time since the last beat was the last phase's
+            r["phase_s"][r["phase"]] = round(r["phase_s"].get(r["phase"], 0.0) + now - r["time"], 3)
+        r["phase"], r["time"] = phase, now
         if step is not None:
             r["step"] = step
         os.pwrite(self.fd, json.dumps(r).encode().ljust(RECORD_BYTES - 1) + b"\n", 0)
@@ -102,3 +106,14 @@ def read_beats(run: Path) -> list[dict]:
         except (OSError, ValueError):
             continue
     return [b for b in beats if b]
+
+
+def summary(beats: list[dict]) -> dict:
+    """What launch.attempts.end records of a launch's heartbeats (launch.goodput reads it): rank 0's
+    marks and phase times, the last step every rank finished, the last beat of any rank."""
+    if not beats:
+        return {}
+    zero = min(beats, key=lambda b: b["rank"])
+    finished = [b["step"] - (b["phase"] in ("data", "forward_backward", "optimizer")) for b in beats]
+    return {"marks": zero["marks"], "phase_s": zero.get("phase_s", {}), "done": zero["done"],
+            "reached": min(finished), "last_beat": max(b["time"] for b in beats)}

@@ -18,7 +18,7 @@ from matplotlib.ticker import EngFormatter, FuncFormatter
 
 from train.report.runs import Run
 
-CAUSE_COLORS = {"preempted": "tab:orange", "crash": "tab:red", "restart": "tab:gray"}
+CAUSE_COLORS = {"preempted": "tab:orange", "crash": "tab:red", "stall": "tab:brown", "restart": "tab:gray"}
 SMOOTHING = 0.9  # the most weight of the debiased exponential moving average (TensorBoard's slider)
 EVALPLUS_KEYS = ("humaneval/pass@1", "humaneval+/pass@1", "mbpp/pass@1", "mbpp+/pass@1")
 PLAN_FILE = "plan.json"  # in a run dir: python -m train.report RUN --plan-gpu KIND writes it

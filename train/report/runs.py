@@ -146,7 +146,7 @@ def restarts(attempts: list[dict], rows: dict[int, dict]) -> list[Restart]:
         elif event.get("event") == "start":
             starts += 1
             if starts > 1:
-                recorded.append(Restart(event["step"], cause if cause in ("preempted", "crash") else "restart",
+                recorded.append(Restart(event["step"], cause if cause in ("preempted", "crash", "stall") else "restart",
                                         event.get("time")))
             cause = None
     logged = [step - 1 for step, r in sorted(rows.items()) if r.get(LAUNCH_METRIC, 1) > 1]
@@ -202,11 +202,19 @@ def header(run: Run) -> list[tuple[str, str]]:
         ("ETA", eta),
         ("launches", f"{len(launches)}; restarts: {len(run.restarts)}"
                      + "".join(f", {r.cause} at step {r.step}" for r in run.restarts[:10])),
+        ("goodput", goodput(path)),
         ("latest checkpoint", f"step {steps[-1]:,} ({rundir.step_dir(path, steps[-1])})" if steps else "none"),
         ("milestone checkpoints", ", ".join(f"step {s:,}" for s in milestones) or "none"),
         ("last export", f"{export} ({_mtime(export / 'config.json')})" if (export / "config.json").exists()
                         else "none"),
     ]
+
+
+def goodput(path: Path) -> str:
+    """Productive training over wall time since the first launch, and what each cause cost (launch.goodput)."""
+    from launch.goodput import lines
+
+    return " ".join(line.strip() for line in lines(path)[:2]).removeprefix("goodput: ") or "unknown (no launcher record)"
 
 
 def parameters(run: Run) -> str:
