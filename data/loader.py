@@ -79,6 +79,10 @@ class MixtureDataLoader(BaseDataLoader):
     def mixture(self) -> Mixture:
         return self.loader.mixture
 
+    def skip_to(self, index: int) -> tuple[int, int]:
+        """``MixtureLoader.skip_to``: leave the global samples up to ``index`` unread (a spike rollback)."""
+        return self.loader.skip_to(index)
+
     def __iter__(self):
         for batch in self.loader:
             inputs = {

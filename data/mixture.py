@@ -37,6 +37,7 @@ shared by its ranks; tokens are read through numpy memmaps too.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -369,9 +370,13 @@ class Mixture:
         """How many of the global samples [0, n) each source provides."""
         return samples_per_source(self.counts, n, self.slot_source)
 
-    def consumed_tokens(self, n: int) -> dict[str, int]:
-        """Label tokens each source contributed to global samples [0, n) (for logging)."""
-        return {s.name: int(c) * self.seq_len for s, c in zip(self.sources, self.samples_per_source(n))}
+    def consumed_tokens(self, n: int, skipped: list[tuple[int, int]] = ()) -> dict[str, int]:
+        """Label tokens each source contributed to global samples [0, n) but the ``skipped`` ranges
+        [a, b) (a spike rollback's, never trained on), for logging."""
+        counts = self.samples_per_source(n)
+        for a, b in skipped:
+            counts = counts - (self.samples_per_source(b) - self.samples_per_source(a))
+        return {s.name: int(c) * self.seq_len for s, c in zip(self.sources, counts)}
 
     def batch(self, indices) -> dict[str, np.ndarray]:
         """Samples for global indices: input_ids, labels, positions [B, seq_len] int64; source [B]."""
@@ -410,6 +415,7 @@ class MixtureLoader:
         self.mixture, self.global_batch_size, self.rank, self.world_size = mixture, global_batch_size, rank, world_size
         self.local_batch_size = global_batch_size // world_size
         self.next_index = next_index
+        self.skipped: list[tuple[int, int]] = []  # global sample ranges [a, b) left unread: skip_to
 
     def indices(self) -> np.ndarray:
         """Global sample indices of this rank's next batch."""
@@ -424,11 +430,22 @@ class MixtureLoader:
         self.next_index += self.global_batch_size
         return batch
 
+    def skip_to(self, index: int) -> tuple[int, int]:
+        """Go on from global sample ``index``, leaving [next_index, index) unread: a spike rollback
+        (train.rollback) skips the batches seen between its checkpoint and the spikes. Skipped
+        samples are not counted as consumed; returns the range."""
+        skipped = (self.next_index, int(index))
+        self.skipped.append(skipped)
+        self.next_index = int(index)
+        return skipped
+
     def state_dict(self) -> dict:
         """The same on every rank: resumable on any world size."""
         m = self.mixture
-        return {"next_index": self.next_index, "seq_len": m.seq_len, "seed": m.seed,
-                "consumed_tokens": m.consumed_tokens(self.next_index)}
+        state = {"next_index": self.next_index, "seq_len": m.seq_len, "seed": m.seed,
+                 "consumed_tokens": m.consumed_tokens(self.next_index, self.skipped)}
+        # One JSON string (DCP stores it as an opaque object), present once a rollback skipped data.
+        return {**state, "skipped": json.dumps(self.skipped)} if self.skipped else state
 
     def load_state_dict(self, state: dict) -> None:
         m = self.mixture
@@ -436,3 +453,4 @@ class MixtureLoader:
             raise MixtureError(f"checkpoint was written with seq_len={state['seq_len']} seed={state['seed']}, "
                                f"this mixture has seq_len={m.seq_len} seed={m.seed}")
         self.next_index = int(state["next_index"])
+        self.skipped = [tuple(r) for r in json.loads(state.get("skipped", "[]"))]

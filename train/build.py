@@ -299,6 +299,7 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
         spike_sigmas=t.spike_sigmas,
         spike_window=t.spike_window,
         max_consecutive_skips=t.max_consecutive_skips,
+        spike_rollbacks=t.spike_rollbacks,
         reduce_grads=p.reduce_grads,
     )
     return adapt_config(config, fp32=p.cpu_fp32)

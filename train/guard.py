@@ -15,6 +15,11 @@ a host sync, so the trainer does it only at logging steps (OLMo-core's
 ``SkipStepOptimizer`` keeps its history on the device for the same reason).
 The history is checkpointed, so a resumed run decides exactly as the
 uninterrupted one would.
+
+With ``remember`` > 0 the guard also keeps the steps of the latest ``remember``
+skips (on the device, read with the counters), which is what a spike rollback
+(``train.rollback``) needs to see that ``[training] spike_rollbacks`` spikes
+came within a window.
 """
 
 from __future__ import annotations
@@ -35,12 +40,15 @@ class GuardReading:
     consecutive: int
     last_step: int
     last_reason: str | None
+    recent: tuple[int, ...] = ()  # the steps of the latest ``remember`` skips, oldest first
 
 
 class StepGuard:
-    def __init__(self, sigmas: float, window: int, enabled: bool = True, device: torch.device | str = "cpu"):
+    def __init__(self, sigmas: float, window: int, enabled: bool = True, device: torch.device | str = "cpu",
+                 remember: int = 0):
         self.sigmas, self.window, self.enabled = sigmas, window, enabled
         z = dict(device=device)
+        self.recent = torch.zeros(remember, dtype=torch.int64, **z)  # steps of the latest skips, 0: none
         self.history = torch.zeros(window, 2, dtype=torch.float64, **z)  # (loss, grad norm), newest last
         self.filled = torch.zeros((), dtype=torch.int64, **z)
         self.skipped = torch.zeros((), dtype=torch.int64, **z)
@@ -71,28 +79,31 @@ class StepGuard:
         self.history.copy_(torch.where(both, torch.cat([self.history[1:], x[None]]), self.history))
         self.filled.add_(both.long()).clamp_(max=self.window)
         s = skip.long()
+        if len(self.recent):
+            self.recent.copy_(torch.where(skip, torch.cat([self.recent[1:], self.steps[None]]), self.recent))
         self.skipped += s
         self.consecutive.mul_(s).add_(s)  # +1 on a skip, back to 0 on an update
         return skip.float()
 
     def read(self) -> GuardReading:
         """The counters on the host: one device-to-host copy; call it at logging steps only."""
-        skipped, consecutive, step, code, value, mean, std = torch.cat(
-            [torch.stack([self.skipped, self.consecutive]).to(self.last_skip), self.last_skip]).tolist()
+        skipped, consecutive, step, code, value, mean, std, *recent = torch.cat(
+            [torch.stack([self.skipped, self.consecutive]).to(self.last_skip), self.last_skip,
+             self.recent.to(self.last_skip)]).tolist()
         reason = None
         if code:
             name = REASONS[int(code) - 1]
             reason = (f"{name} ({value})" if name.startswith("non-finite") else
                       f"{name} ({value:.4g} > mean {mean:.4g} + {self.sigmas} sigma {std:.3g})")
-        return GuardReading(int(skipped), int(consecutive), int(step), reason)
+        return GuardReading(int(skipped), int(consecutive), int(step), reason, tuple(int(s) for s in recent if s))
 
     def state_dict(self) -> dict:
         # One JSON string: DCP stores it as an opaque object, whatever the window's fill.
         # Floats round-trip exactly through JSON, so a resumed run decides alike.
         n = int(self.filled)
         history = self.history[self.window - n:].tolist() if n else []
-        return {"history": json.dumps(history), "skipped": int(self.skipped),
-                "consecutive": int(self.consecutive)}
+        state = {"history": json.dumps(history), "skipped": int(self.skipped), "consecutive": int(self.consecutive)}
+        return {**state, "recent": json.dumps(self.recent.tolist())} if len(self.recent) else state
 
     def load_state_dict(self, state: dict, step: int) -> None:
         """Restore the guard as it was after ``step`` (the trainer's restored step)."""
@@ -103,5 +114,9 @@ class StepGuard:
         self.filled.fill_(len(rows))
         self.skipped.fill_(int(state["skipped"]))
         self.consecutive.fill_(int(state.get("consecutive", 0)))
+        recent = [s for s in json.loads(state.get("recent", "[]")) if s][-len(self.recent):] if len(self.recent) else []
+        self.recent.zero_()
+        if recent:
+            self.recent[len(self.recent) - len(recent):] = torch.tensor(recent, dtype=self.recent.dtype)
         self.steps.fill_(step)
 

@@ -127,6 +127,9 @@ class Training:
     spike_sigmas: float = 6.0
     spike_window: int = 100
     max_consecutive_skips: int = 100  # stop (exit 4) after this many skips in a row (a spike window)
+    # Roll back (train/rollback.py) when this many steps are skipped within spike_window steps: to the
+    # checkpoint before the first of them, skipping the data seen since (PaLM's remedy). 0: never.
+    spike_rollbacks: int = 0
 
 
 # How gradients are reduced while micro batches accumulate (FSDP2's switches, set in train/trainer.py).
@@ -469,6 +472,8 @@ def resolve(recipe: Recipe) -> None:
         fail("training", f"steps: must be > 0 (got {t.steps})")
     if t.spike_sigmas <= 0 or t.spike_window < 2:
         fail("training", "spike_sigmas must be > 0 and spike_window >= 2")
+    if t.spike_rollbacks < 0:
+        fail("training", f"spike_rollbacks: must be >= 0 (got {t.spike_rollbacks})")
     if t.max_consecutive_skips < 1:
         fail("training", f"max_consecutive_skips: must be >= 1 (got {t.max_consecutive_skips})")
 

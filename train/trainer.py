@@ -41,6 +41,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from train.guard import StepGuard
+from train.rollback import due as rollback_due, roll_back
 from train.heartbeat import Heartbeat
 from train.hooks import Hook, LogSourceTokens, MetricsJsonl, in_order
 from train.exits import Exit, StopRun
@@ -211,6 +212,7 @@ class LaneformerTrainer(Trainer):
         spike_sigmas: float = 6.0
         spike_window: int = 100
         max_consecutive_skips: int = 100
+        spike_rollbacks: int = 0  # train.rollback: roll back after this many skips within spike_window steps
         reduce_grads: str = "every_micro_batch"  # train.recipe.REDUCE_GRADS
 
     def __init__(self, config: Config):
@@ -220,7 +222,9 @@ class LaneformerTrainer(Trainer):
         # The last step is logged too: a run's final loss is its last step's, whatever the interval.
         every_interval = self.metrics_processor.should_log
         self.metrics_processor.should_log = lambda step: every_interval(step) or step == config.training.steps
-        self.guard = StepGuard(config.spike_sigmas, config.spike_window, config.skip_spikes, self.device)
+        self.guard = StepGuard(config.spike_sigmas, config.spike_window, config.skip_spikes, self.device,
+                               remember=config.spike_rollbacks)
+        self._rollback: tuple[int, ...] = ()  # the spikes of a rollback due after this step (train.rollback)
         self.hooks: list[Hook] = in_order([LogSourceTokens(), *(h.build() for h in config.hooks)])
         self._stepped = False  # a step ran whose hooks have not: see should_continue_training
         if dist.get_rank() == 0:
@@ -297,6 +301,10 @@ class LaneformerTrainer(Trainer):
             for hook in self.hooks:
                 self.heartbeat.beat(hook.phase)
                 hook.after_step(self)
+            if self._rollback:
+                roll_back(self, self._rollback)
+                self._rollback = ()
+                self._skipped_logged = self.guard.read().skipped
             self.heartbeat.step_done()
         else:
             self.heartbeat.mark("loaded")  # the first call: after the checkpoint load
@@ -311,6 +319,8 @@ class LaneformerTrainer(Trainer):
             logger.warning(f"step {g.last_step}: skipped ({g.last_reason}); {g.skipped} skipped so far"
                            + (f", {more} since the last log" if more > 1 else ""))
         self._skipped_logged = g.skipped
+        if rollback_due(g.recent, self.config.spike_rollbacks, self.config.spike_window):
+            self._rollback = g.recent[-self.config.spike_rollbacks:]  # after this step's save and hooks
         now = time.perf_counter()
         line, metrics = progress(self.step, t.steps, t.global_batch_size * t.seq_len, self._last_log, now)
         self._last_log = (self.step, now)

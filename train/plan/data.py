@@ -38,7 +38,7 @@ def data_report(recipe: R.Recipe) -> str:
 
 
 def realized_mix(run_dir: Path, weights: dict[str, float]) -> str:
-    """Tokens consumed per source so far, from the run's metrics.jsonl."""
+    """Tokens consumed per source so far, from the run's metrics.jsonl, and the data spike rollbacks skipped."""
     from rundir import read_metrics
 
     rows = read_metrics(run_dir)
@@ -54,5 +54,11 @@ def realized_mix(run_dir: Path, weights: dict[str, float]) -> str:
     lines = [f"realized mix at step {step} ({run_dir}):"]
     lines += [f"  {name}: {n:,} tokens, share {n / total:.4f} (weight {weights.get(name, 0) / norm:.4f})"
               for name, n in consumed.items()]
+    from train.rollback import read_rollbacks  # data a spike rollback skipped: read, never trained on
+
+    for r in read_rollbacks(run_dir):
+        lines.append(f"  rolled back at step {r['at_step']} to step {r['to_step']}: skipped "
+                     f"{sum(r['skipped_tokens'].values()):,} tokens ("
+                     + ", ".join(f"{k} {v:,}" for k, v in r["skipped_tokens"].items()) + "), not counted above")
     return "\n".join(lines)
 

@@ -18,7 +18,8 @@ from matplotlib.ticker import EngFormatter, FuncFormatter
 
 from train.report.runs import Run
 
-CAUSE_COLORS = {"preempted": "tab:orange", "crash": "tab:red", "stall": "tab:brown", "restart": "tab:gray"}
+CAUSE_COLORS = {"preempted": "tab:orange", "crash": "tab:red", "stall": "tab:brown", "restart": "tab:gray",
+                "rollback": "tab:purple"}
 SMOOTHING = 0.9  # the most weight of the debiased exponential moving average (TensorBoard's slider)
 EVALPLUS_KEYS = ("humaneval/pass@1", "humaneval+/pass@1", "mbpp/pass@1", "mbpp+/pass@1")
 PLAN_FILE = "plan.json"  # in a run dir: python -m train.report RUN --plan-gpu KIND writes it
@@ -240,6 +241,7 @@ def data_mix(runs: list[Run], out: Path) -> Figure:
                 ax.axhline(planned[source], linestyle="--", linewidth=1, **style)
                 d.figure.data[d.label(run, f"{source} planned")] = planned[source]
     d.axis_labels(ax, "share of tokens")
+    d.restarts(ax)  # a spike rollback's skipped data is not in the shares: marked where it went back to
     ax.set_ylim(0, 1)
     return d.save(out)
 

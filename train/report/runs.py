@@ -31,7 +31,7 @@ class ReportError(ValueError):
 @dataclass
 class Restart:
     step: int  # the step training went on from
-    cause: str  # "preempted", "crash" or "restart" (why is not recorded)
+    cause: str  # "preempted", "crash", "restart" (why is not recorded) or "rollback" (train.rollback)
     time: str | None = None
 
 
@@ -129,7 +129,10 @@ def read_run(path: Path) -> Run:
     for f in (path / rundir.EVALS_DIR).glob("step-*.json"):
         if (step := rundir.step_number(f.with_suffix(""))) is not None:
             evals[step] = _read_json(f)
-    run = Run(path, recipe, rows, evals, restarts(attempts, rows))
+    from train.rollback import read_rollbacks
+
+    rollbacks = [Restart(r["to_step"], "rollback", r["time"]) for r in read_rollbacks(path)]
+    run = Run(path, recipe, rows, evals, sorted(restarts(attempts, rows) + rollbacks, key=lambda r: r.step))
     if any("mfu(%)" not in r for r in rows.values() if "throughput(tps)" in r):
         run.notes.append("MFU: not logged (torchtitan logs it on GPUs only)")
     return run

@@ -1,0 +1,94 @@
+"""Spike rollback (train/rollback.py) on CPU, with planted spikes.
+
+Steps 3 and 4 of a 6-step tiny run go NaN (one micro batch each, planted in the loss as
+tests/train/test_train.py plants one); with ``spike_rollbacks = 2`` the run rolls back, after
+step 4, to its step-2 checkpoint, skips the global samples steps 3 and 4 read (16 to 31) and
+trains steps 3 to 6 again on samples 32 to 63. The data accounting is checked against the
+sources of the loader's own batches (``Mixture.batch``'s ``source`` field), not against
+``consumed_tokens``, the function the trainer logs with.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+import numpy as np
+import pytest
+
+from rundir import REPO
+from tests.conftest import env, metrics, short, train_command
+
+INJECT = """
+import sys
+sys.path.insert(0, "REPO_DIR")
+from torchtitan.components.loss import CrossEntropyLoss
+calls = {"n": 0}
+forward = CrossEntropyLoss.__call__
+def poisoned(self, pred, *args, **kwargs):
+    calls["n"] += 1
+    if calls["n"] in POISONED:  # the first micro batch of the steps that spike
+        pred = pred * float("nan")
+    return forward(self, pred, *args, **kwargs)
+CrossEntropyLoss.__call__ = poisoned
+sys.argv[0] = "train.py"
+import runpy
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+SPIKES = (3, 4)
+MICRO_BATCHES = 2  # global batch 8, micro batch 4, one rank (tests.conftest.short)
+
+
+def source_tokens(indices) -> dict[str, int]:
+    """Label tokens per source of global samples ``indices``, from the batches the loader reads."""
+    from data.loader import build_mixture
+    from data.tokenizer import Tokenizer
+    from train import recipe as R
+
+    recipe = R.load("tiny.toml", ["training.seq_len=64", "training.global_batch=8", "training.steps=6",
+                                    "schedule.warmup_steps=2"])
+    tokenizer = Tokenizer(recipe.data.tokenizer)
+    mixture = build_mixture(recipe.data.sources, tokenizer, 64, recipe.run.seed, tokenizer.vocab_size, None)
+    sources = mixture.batch(np.asarray(indices))["source"]
+    return {s.name: int((sources == i).sum()) * 64 for i, s in enumerate(mixture.sources)}
+
+
+@pytest.mark.slow
+def test_spikes_that_come_back_are_rolled_back_and_their_data_skipped(tmp_path):
+    calls = [MICRO_BATCHES * (step - 1) + 1 for step in SPIKES]
+    script = tmp_path / "inject.py"
+    script.write_text(INJECT.replace("POISONED", repr(set(calls))).replace("REPO_DIR", str(REPO)))
+    cmd = train_command("tiny.toml", *short(tmp_path, 6, "checkpoint.interval=2", "checkpoint.keep_last=10",
+                                            "training.spike_rollbacks=2"))
+    cmd[cmd.index(str(REPO / "train.py"))] = str(script)
+    result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    assert "ROLLBACK at step 4: 2 spikes within 100 steps (at steps 3, 4); back to the checkpoint of step 2" in (
+        result.stdout + result.stderr)
+
+    [record] = [json.loads(line) for line in (run / "rollbacks.jsonl").read_text().splitlines()]
+    assert (record["at_step"], record["to_step"], record["spikes"]) == (4, 2, [3, 4])
+    assert record["skipped_samples"] == [16, 32]  # what steps 3 and 4 read: 8 samples a step
+    assert record["skipped_tokens"] == source_tokens(range(16, 32))
+    checkpoints = run / "checkpoints"
+    assert (checkpoints / "step-4.rolled-back").is_dir()  # saved after the spikes: never resumed from
+    assert {p.name for p in checkpoints.glob("step-*")} >= {"step-2", "step-4", "step-6"}
+
+    rows = metrics(run)  # a replayed step: its latest values
+    assert all(math.isfinite(rows[s]["loss_metrics/global_avg_loss"]) for s in range(1, 7))
+    assert rows[6]["skipped_steps"] == 0  # the guard as it was at step 2
+    # What the run logged as consumed is what it trained on: samples 0-15 and 32-63, none of 16-31.
+    consumed = {k.removeprefix("data/tokens/"): v for k, v in rows[6].items() if k.startswith("data/tokens/")}
+    assert consumed == source_tokens([*range(16), *range(32, 64)])
+
+    from train.plan.data import realized_mix  # train.py --dry-run --run's mix
+
+    skipped = ", ".join(f"{k} {v:,}" for k, v in record["skipped_tokens"].items())
+    assert f"rolled back at step 4 to step 2: skipped 1,024 tokens ({skipped})" in realized_mix(run, {})
+
+    from train.report.runs import read_run  # the run report marks it (throughput and data mix figures)
+
+    assert ("rollback", 2) in [(r.cause, r.step) for r in read_run(run).restarts]
