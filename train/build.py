@@ -203,6 +203,13 @@ def wandb_env(recipe: Recipe) -> dict[str, str]:
             "WANDB_MODE": log.wandb_mode}
 
 
+def compile_cache(recipe: Recipe) -> str:
+    """``[run] compile_cache``, else an exported ``TORCHINDUCTOR_CACHE_DIR``, else ``<run>/compile_cache``."""
+    if recipe.run.compile_cache:
+        return str(rundir.in_repo(recipe.run.compile_cache))
+    return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(recipe.output_dir / "compile_cache")
+
+
 def export_hooks(recipe: Recipe) -> list:
     """The end-of-run Hugging Face export, when the recipe asks for it."""
     if not recipe.checkpoint.export_hf:
@@ -301,5 +308,6 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
         max_consecutive_skips=t.max_consecutive_skips,
         spike_rollbacks=t.spike_rollbacks,
         reduce_grads=p.reduce_grads,
+        compile_cache=compile_cache(recipe),
     )
     return adapt_config(config, fp32=p.cpu_fp32)

@@ -214,9 +214,12 @@ class LaneformerTrainer(Trainer):
         max_consecutive_skips: int = 100
         spike_rollbacks: int = 0  # train.rollback: roll back after this many skips within spike_window steps
         reduce_grads: str = "every_micro_batch"  # train.recipe.REDUCE_GRADS
+        compile_cache: str = ""  # TORCHINDUCTOR_CACHE_DIR for this process (train.build.compile_cache)
 
     def __init__(self, config: Config):
         self.heartbeat = Heartbeat(Path(config.dump_folder))  # first: a stall while building is seen too
+        if config.compile_cache:  # read by Inductor at its first compile (torch._inductor.runtime.cache_dir_utils)
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = config.compile_cache
         super().__init__(config)
         self.heartbeat.mark("built")
         # The last step is logged too: a run's final loss is its last step's, whatever the interval.

@@ -107,6 +107,7 @@ def test_preemption_a_crash_and_a_stall_restart_from_checkpoints_with_the_same_l
     text = status(run)  # a launch.local run: its recipe's total, its starts and ends
     assert f"latest checkpoint: step {STEPS} of {STEPS}" in text and "launch.local: 4 starts" in text, text
     assert "restart: stalled: no progress" in text and "done: finished at step" in text, text
+    assert re.search(r"^goodput: \d+\.\d%.*\n  lost to: first start .*restarts .*stalls", text, re.M), text
 
 
 def test_a_recipe_that_does_not_fit_the_ranks_starts_nothing(tmp_path):

@@ -1,15 +1,17 @@
 """launch.slurm against a real SLURM on this machine (launch/ci/slurm.sh: two
 emulated nodes): runs to the end on 2 nodes x 1 rank and resumes on 1 node x 2 ranks,
-preemption -> checkpoint -> requeue -> resume with the losses of an
-uninterrupted run, a rank killed on node 2 -> requeue with node 2 excluded ->
+preemption -> checkpoint -> requeue -> resume, then a stopped rank -> stall
+(stacks, killed) -> requeue -> resume, with the losses of an uninterrupted run, a rank killed on node 2 -> requeue with node 2 excluded ->
 resume on node 1 with the same losses, a recipe error that fails once,
 status, logs and cancel.
 Where SLURM cannot start here the tests are skipped with the reason."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import attempts
+from launch import attempts, goodput
 from launch.attempts import checkpoint_step, history, job_info
 from launch.slurm import job_ids
 from launch.slurm import main as slurm_main
@@ -112,26 +114,56 @@ def test_two_nodes_run_to_the_end_and_a_resubmission_resumes_on_another_node(slu
     assert len(list((run / "launches").iterdir())) == 4  # a snapshot per submission and per start
 
 
+def start_requeued_now(job: str) -> None:
+    """A requeued job waits cred_expire + 1 s before it may start again; skip most of the wait.
+    Not all of it: slurmd refuses a credential issued in the same second it revoked the old one."""
+    time.sleep(1.5)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+
+
+STALL_TIMEOUT = 10  # seconds without a heartbeat; launch.watchdog looks once a second
+
+
 @pytest.mark.slow
-def test_preemption_signal_checkpoints_requeues_and_resumes_with_the_same_losses(slurm, reference, tmp_path):
+def test_preemption_then_a_stall_requeue_and_resume_with_the_same_losses(slurm, reference, tmp_path):
     run = tmp_path / "run"
-    job = submit(run)
+    job = submit(run, f"--set=launch.stall_timeout={STALL_TIMEOUT}",
+                 f"--set=launch.stall_timeout_checkpoint={STALL_TIMEOUT}")
     wait_for(lambda: logged_steps(run) >= 3, "step 3", timeout=120)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)  # what --signal=B:USR1@N sends
     wait_for(lambda: state(job) == "PENDING", "the requeue")
-    # A requeued job waits cred_expire + 1 s before it may start again; skip most of the wait.
-    # Not all of it: slurmd refuses a credential issued in the same second it revoked the old one.
-    time.sleep(1.5)
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+    start_requeued_now(job)
+    preempted = wait_for(lambda: [e for e in history(run) if e.get("cause") == "preempted"], "the end")[0]["step"]
+    wait_for(lambda: checkpoint_step(run) > preempted, "a checkpoint after the requeue", timeout=150)
+    node = history(run)[-1]["nodes"]
+    os.kill(wait_for(lambda: process_of(job, node, 1), "rank 1"), signal.SIGSTOP)  # stalls every rank
+    wait_for(lambda: state(job) == "PENDING" and any(e.get("cause") == "stall" for e in history(run)),
+             "the stall's requeue", timeout=90)
+    start_requeued_now(job)
     assert wait_done(job, run) == "COMPLETED"
-    assert job_info(job)["Restarts"] == "1"
+    assert job_info(job)["Restarts"] == "2"
     ends = [e for e in history(run) if e["event"] == "end"]
-    assert [(e["action"], e["cause"]) for e in ends] == [("restart", "preempted"), ("done", "finished")], ends
+    assert [(e["action"], e["cause"]) for e in ends] == [
+        ("restart", "preempted"), ("restart", "stall"), ("done", "finished")], ends
     starts = [e for e in history(run) if e["event"] == "start"]
     assert starts[1]["step"] == ends[0]["step"] > 0  # the preemption checkpoint, on disk ...
     log = "".join(p.read_text() for p in sorted((run / "launcher" / "logs").glob("node*.log")))
-    assert started_at(log) == [1, starts[1]["step"] + 1], log[-3000:]  # ... is where training resumed
+    # ... is where training resumed; then from the newest checkpoint before the stall
+    assert started_at(log) == [1, starts[1]["step"] + 1, starts[2]["step"] + 1], log[-3000:]
+    assert starts[2]["step"] > starts[1]["step"]
     assert losses(run) == reference
+    stall = json.loads((run / "stalls" / "002" / "stall.json").read_text())
+    assert STALL_TIMEOUT < stall["idle_s"] <= STALL_TIMEOUT + 5, stall  # the watchdog's poll plus slack
+    assert [(r["rank"], r["state"] == "T", r["stacks"]) for r in stall["ranks"]] == [(0, False, True), (1, True, False)]
+    assert "Current thread" in (run / "stalls" / "002" / "rank-0.txt").read_text()
+    # Goodput for a run preempted once and stalled once: each cause cost something, the stall at least its timeout.
+    a = goodput.account(run)
+    assert 0 < a["goodput"] < 1 and a["productive_s"] + sum(a["costs"].values()) <= a["wall_s"] + 1e-6, a
+    assert a["costs"]["stalls"] > STALL_TIMEOUT and a["costs"]["preemptions"] > 0 and a["costs"]["restarts"] > 0, a
+    assert [list(split) for split in a["startups"]] == [
+        ["process", "imports", "rendezvous", "build", "checkpoint load", "first step"]] * 3, a["startups"]
+    text = slurm_cli("status", str(run)).stdout
+    assert re.search(r"^goodput: \d+\.\d%", text, re.M) and "stalls" in text and "preemptions" in text, text
 
 
 def process_of(job: str, node: str, rank: int) -> int | None:
@@ -165,8 +197,7 @@ def test_a_rank_killed_on_a_node_requeues_without_that_node_and_resumes_with_the
         batch = (run / "launcher" / "logs" / "batch.log").read_text()[-3000:]
         raise AssertionError(f"{job_info(job)}\n{history(run)}\n{batch}") from None
     subprocess.run(["scancel", blocker], check=True)
-    time.sleep(1.5)  # see the preemption test
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+    start_requeued_now(job)
     assert wait_done(job, run) == "COMPLETED"
     ends = [e for e in history(run) if e["event"] == "end"]
     assert [(e["action"], e["cause"], e.get("pinned")) for e in ends] == [

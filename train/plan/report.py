@@ -22,6 +22,7 @@ from train import recipe as R
 from .comm import Cluster, Communication, Layout, candidate_layouts, cluster_for, communication
 from .data import data_report, realized_mix
 from .gpus import GIB, GPUS, Gpu
+from .interval import Interval, checkpoint_interval
 from .memory import FIT_FRACTION, Memory, memory_plan, memory_plans
 from .roofline import ROOFLINE_NOTE, Speed, ops_table, roofline, text_table
 from .step import AC_MODES, STAND_IN_NOTE, Shape
@@ -209,6 +210,7 @@ class Plan:
     comm: Communication | None = None
     compiled: CompiledEstimate | None = None
     sweep: Sweep | None = None
+    interval: Interval | None = None  # the Young/Daly checkpoint interval
     ops: bool = False  # print one layer's per-op table
     kernels: bool = False  # print the compiled estimate's per-kernel table
 
@@ -257,7 +259,7 @@ class Plan:
     def lines(self) -> list[str]:
         """The text, section by section (a new estimate adds its section here)."""
         return [*self.header_lines(), *self.memory.lines(), *self.roofline_lines(), *self.comm_lines(),
-                *self.compiled_lines(),
+                *self.compiled_lines(), *(self.interval.lines() if self.interval else []),
                 *self.ops_lines(), *self.sweep_lines()]
 
     def to_json(self) -> dict:
@@ -321,6 +323,7 @@ def make_plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_sweep: boo
                          param_dtype=shape.param_dtype, reduce_dtype=shape.reduce_dtype)
     p = Plan(recipe, config, gpus, kind, shape, acc, nparams, memory, lanes, dense, dense_error, comm, ops=with_ops,
              kernels=with_kernels)
+    p.interval = checkpoint_interval(recipe, lanes, gpus, cluster.gpus_per_node, nparams)
     if with_compiled:
         from .compiled import compiled_estimate
 
