@@ -204,10 +204,11 @@ def wandb_env(recipe: Recipe) -> dict[str, str]:
 
 
 def compile_cache(recipe: Recipe) -> str:
-    """``[run] compile_cache``, else an exported ``TORCHINDUCTOR_CACHE_DIR``, else ``<run>/compile_cache``."""
+    """``[run] compile_cache``, else ``<run>/compile_cache``. Not an inherited TORCHINDUCTOR_CACHE_DIR:
+    Inductor exports its per-host default itself the first time it looks (cache_dir_utils.cache_dir)."""
     if recipe.run.compile_cache:
         return str(rundir.in_repo(recipe.run.compile_cache))
-    return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(recipe.output_dir / "compile_cache")
+    return str(recipe.output_dir / "compile_cache")
 
 
 def export_hooks(recipe: Recipe) -> list:

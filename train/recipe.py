@@ -74,8 +74,8 @@ class Run:
     seed: int = 0
     deterministic: bool = False  # bitwise-reproducible kernels (slower)
     # Where torch.compile keeps its Inductor FX-graph and AOTAutograd caches (TORCHINDUCTOR_CACHE_DIR), so every
-    # rank and every restart of the run finds the kernels compiled before. None: an exported
-    # TORCHINDUCTOR_CACHE_DIR, else <run>/compile_cache (torch's default, /tmp, is per host).
+    # rank and every restart of the run finds the kernels compiled before. None: <run>/compile_cache
+    # (torch's default, /tmp/torchinductor_$USER, is per host: a restart on other nodes compiles again).
     compile_cache: str | None = None
 
 
