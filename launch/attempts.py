@@ -157,6 +157,9 @@ def decide(rc: int, note: dict, before: int, after: int, recent_crashes: int,
             return "fail", "no space", f"no space for a checkpoint{message}; not restarting"
         case Exit.PREEMPTED:
             cause, why = "preempted", f"preempted; checkpointed at step {note.get('step', after)}"
+        case Exit.REPLICA_MISMATCH:  # train.consistency: nothing saved; resumed from the latest verified checkpoint
+            hosts = f" on {', '.join(note['hosts'])}" if note.get("hosts") else ""
+            cause, why = "replica mismatch", f"replicas differed after step {note.get('step', '?')}{hosts}"
         case Exit.CRASH if note.get("reason") == "stall":  # launch.watchdog's note
             cause, why = "stall", f"stalled{message}; stacks in {note.get('stall')}"
         case _:

@@ -308,6 +308,7 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
         spike_window=t.spike_window,
         max_consecutive_skips=t.max_consecutive_skips,
         spike_rollbacks=t.spike_rollbacks,
+        consistency_every=t.consistency_every,
         reduce_grads=p.reduce_grads,
         compile_cache=compile_cache(recipe),
     )

@@ -22,7 +22,7 @@ EXIT_FILE_ENV = "LANEFORMER_EXIT_FILE"
 
 
 class Exit(IntEnum):
-    """train.py's exit codes. Only ``PREEMPTED`` and a crash after progress are restarted."""
+    """train.py's exit codes. Only ``PREEMPTED``, a replica mismatch and a crash after progress are restarted."""
 
     DONE = 0
     CRASH = 1  # an uncaught error
@@ -30,6 +30,7 @@ class Exit(IntEnum):
     EXPORT_FAILED = 3  # training complete and checkpointed; the end-of-run export failed
     SKIPPED_OUT = 4  # too many consecutive skipped steps
     NO_SPACE = 5  # the run dir's disk cannot hold the next checkpoint
+    REPLICA_MISMATCH = 6  # HSDP replicas of a shard differ (train.consistency): nothing saved
     PREEMPTED = 75  # sysexits' EX_TEMPFAIL: checkpointed on a signal, run me again
 
 
@@ -40,6 +41,7 @@ REASONS = {
     Exit.EXPORT_FAILED: "training complete, export failed",
     Exit.SKIPPED_OUT: "too many consecutive skipped steps",
     Exit.NO_SPACE: "no space for a checkpoint",
+    Exit.REPLICA_MISMATCH: "replica mismatch",
     Exit.PREEMPTED: "preempted",
 }
 

@@ -134,6 +134,9 @@ class Training:
     # Roll back (train/rollback.py) when this many steps are skipped within spike_window steps: to the
     # checkpoint before the first of them, skipping the data seen since (PaLM's remedy). 0: never.
     spike_rollbacks: int = 0
+    # With [parallel] replicate > 1: steps between comparisons of the replicas' parameters and optimizer
+    # state (train/consistency.py); always also before a checkpoint save. 0: before saves only.
+    consistency_every: int = 100
 
 
 # How gradients are reduced while micro batches accumulate (FSDP2's switches, set in train/trainer.py).
@@ -482,6 +485,8 @@ def resolve(recipe: Recipe) -> None:
         fail("training", f"steps: must be > 0 (got {t.steps})")
     if t.spike_sigmas <= 0 or t.spike_window < 2:
         fail("training", "spike_sigmas must be > 0 and spike_window >= 2")
+    if t.consistency_every < 0:
+        fail("training", f"consistency_every: must be >= 0 (got {t.consistency_every})")
     if t.spike_rollbacks < 0:
         fail("training", f"spike_rollbacks: must be >= 0 (got {t.spike_rollbacks})")
     if t.max_consecutive_skips < 1:

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from rundir import METRICS_FILE, is_complete, latest_complete_checkpoint, step_number
 from torchtitan.components.checkpointer import CheckpointManager
-from torchtitan.components.checkpointer.base import LR_SCHEDULER, MODEL
+from torchtitan.components.checkpointer.base import LR_SCHEDULER, MODEL, OPTIMIZER
 from torchtitan.components.metrics import LoggerContainer
 from torchtitan.components.optimizer import OptimizersContainer
 from torchtitan.distributed import utils as dist_utils
@@ -40,6 +40,7 @@ from torchtitan.tools import utils
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
+from train.consistency import ReplicaCheck, flip_bit, is_verified
 from train.guard import StepGuard
 from train.rollback import due as rollback_due, roll_back
 from train.heartbeat import Heartbeat
@@ -110,6 +111,8 @@ class MilestoneCheckpointManager(CheckpointManager):
     def __init__(self, config: Config, **kwargs):
         super().__init__(config, **kwargs)
         self.milestones = set(config.milestones)
+        # Set by LaneformerTrainer under HSDP: checked before every save, resumed from verified saves only.
+        self.replica_check: ReplicaCheck | None = None
 
     def _should_save(self, curr_step: int, last_step: bool = False) -> bool:
         return super()._should_save(curr_step, last_step) or (
@@ -117,8 +120,14 @@ class MilestoneCheckpointManager(CheckpointManager):
         )
 
     def _save(self, curr_step: int, last_step: bool = False) -> bool:
+        check = self.replica_check
+        if check is not None and self._should_save(curr_step, last_step):
+            check.run(curr_step, self.states[MODEL].model, self.states[OPTIMIZER])  # a mismatch saves nothing
         try:
-            return super()._save(curr_step, last_step)  # an async save's failure surfaces at the next
+            saved = super()._save(curr_step, last_step)  # an async save's failure surfaces at the next
+            if saved and check is not None and (not dist.is_initialized() or dist.get_rank() == 0):
+                check.mark_verified(Path(self.folder) / f"step-{curr_step}", curr_step)
+            return saved
         except (Exception, CheckpointException) as e:
             nparams = sum(p.numel() for part in self.states[MODEL].model for p in part.parameters())
             needed = checkpoint_bytes(nparams)  # numel of a sharded parameter is the whole one's
@@ -137,6 +146,8 @@ class MilestoneCheckpointManager(CheckpointManager):
         path = Path(folder or self.folder)
         steps = [n for p in path.iterdir() if (n := step_number(p)) is not None and is_complete(p)] \
             if path.is_dir() else []
+        if self.replica_check is not None:  # with replicas, the latest checkpoint whose copies were compared
+            steps = [n for n in steps if is_verified(path / f"step-{n}")] or steps
         return max(steps, default=-1)
 
     def _load(self, step: int = -1) -> bool:
@@ -213,6 +224,7 @@ class LaneformerTrainer(Trainer):
         spike_window: int = 100
         max_consecutive_skips: int = 100
         spike_rollbacks: int = 0  # train.rollback: roll back after this many skips within spike_window steps
+        consistency_every: int = 100  # train.consistency: steps between replica checks (and before every save)
         reduce_grads: str = "every_micro_batch"  # train.recipe.REDUCE_GRADS
         compile_cache: str = ""  # TORCHINDUCTOR_CACHE_DIR for this process (train.build.compile_cache)
 
@@ -228,6 +240,11 @@ class LaneformerTrainer(Trainer):
         self.guard = StepGuard(config.spike_sigmas, config.spike_window, config.skip_spikes, self.device,
                                remember=config.spike_rollbacks)
         self._rollback: tuple[int, ...] = ()  # the spikes of a rollback due after this step (train.rollback)
+        self.replica_check = None  # train.consistency, under HSDP only
+        if self.parallel_dims.dp_replicate_enabled:
+            mesh = self.parallel_dims.get_mesh(["dp_replicate", "fsdp"]).mesh
+            self.replica_check = ReplicaCheck(mesh, Path(config.dump_folder), config.consistency_every)
+            self.checkpointer.replica_check = self.replica_check
         self.hooks: list[Hook] = in_order([LogSourceTokens(), *(h.build() for h in config.hooks)])
         self._stepped = False  # a step ran whose hooks have not: see should_continue_training
         if dist.get_rank() == 0:
@@ -289,6 +306,9 @@ class LaneformerTrainer(Trainer):
             # torchtitan stops on a non-finite logged loss; a skipped step is handled.
             if not ("not finite" in str(e) and self.guard.read().last_step == self.step):
                 raise
+        flip_bit(self.model_parts, dist.get_rank(), self.step)  # LANEFORMER_TEST_BITFLIP, tests only
+        if self.replica_check is not None and self.replica_check.due(self.step):
+            self.replica_check.run(self.step, self.model_parts, self.optimizers)
         if self.metrics_processor.should_log(self.step):
             self._log_progress()
         self._stepped = True

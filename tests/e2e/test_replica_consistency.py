@@ -1,0 +1,106 @@
+"""Replica consistency under HSDP (train/consistency.py), with a real bit flipped in one rank's shard.
+
+6 gloo ranks as 2 shards x 3 replicas: ``LANEFORMER_TEST_BITFLIP=4:3`` flips one bit of rank 4's
+parameter shard after step 3's optimizer update (a change the loss does not show); the check before
+step 4's save catches it, names rank 4 and its host by majority vote, exits with its own code and
+saves nothing. Resumed without the fault, the run goes on from the verified step-2 checkpoint (not
+from a complete but unverified newer one planted beside it) and ends with every tensor of its
+step-4 checkpoint, model and AdamW state, equal to a clean run's (which passes every check). With 2
+replicas (no majority) both holders are named, here at a periodic check (``consistency_every=1``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+
+import pytest
+import torch
+
+from rundir import REPO
+from tests.conftest import env, train_command
+from train.consistency import ALERTS_FILE, VERIFIED_FILE
+from train.exits import EXIT_FILE_ENV, Exit
+
+pytestmark = pytest.mark.slow
+
+
+def sets(run, *extra):
+    return (f"run.output_dir={run}", "training.steps=4", "training.seq_len=64", "training.global_batch=12",
+            "training.micro_batch=2", "schedule.warmup_steps=2", "logging.interval=1", "run.deterministic=true",
+            "checkpoint.interval=2", "checkpoint.keep_last=10", "eval.at_end=false", *extra)
+
+
+def launch(run, nproc, *extra, bitflip=None):
+    """train.py on ``nproc`` ranks; returns (result, the exit note)."""
+    note = run.parent / f"exit-{run.name}-{len(list(run.parent.glob('exit-*')))}.json"
+    environment = {**env(), EXIT_FILE_ENV: str(note)}
+    environment.pop("LANEFORMER_TEST_BITFLIP", None)
+    if bitflip:
+        environment["LANEFORMER_TEST_BITFLIP"] = bitflip
+    result = subprocess.run(train_command("tiny.toml", *sets(run, *extra), nproc=nproc), cwd=REPO, env=environment,
+                            capture_output=True, text=True, timeout=600)
+    return result, (json.loads(note.read_text()) if note.exists() else {})
+
+
+def tensors(step_dir) -> dict[str, torch.Tensor]:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = step_dir.parent.parent / f"{step_dir.parent.parent.name}-{step_dir.name}.pt"
+    dcp_to_torch_save(step_dir, out)
+    flat = {}
+
+    def walk(prefix, value):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}{k}.", v)
+        elif isinstance(value, torch.Tensor):
+            flat[prefix.rstrip(".")] = value
+
+    walk("", torch.load(out, weights_only=False))
+    return flat
+
+
+HSDP = ("parallel.shard=2", "parallel.replicate=3")
+
+
+def test_a_flipped_bit_is_caught_before_the_save_and_the_run_resumes_from_the_verified_checkpoint(tmp_path):
+    run, clean = tmp_path / "run", tmp_path / "clean"
+    result, note = launch(run, 6, *HSDP, bitflip="4:3")
+    assert result.returncode != 0
+    assert note["code"] == Exit.REPLICA_MISMATCH and note["reason"] == "replica mismatch"
+    assert (note["step"], note["ranks"], note["hosts"], note["majority"]) == (4, [4], [socket.gethostname()], True)
+    assert f"the odd one: rank 4 on {socket.gethostname()}" in note["message"]
+    [alert] = [json.loads(line) for line in (run / ALERTS_FILE).read_text().splitlines()]
+    assert (alert["kind"], alert["step"], alert["ranks"]) == ("replica_mismatch", 4, [4])
+    checkpoints = run / "checkpoints"
+    assert not (checkpoints / "step-4").exists()  # nothing saved after the flip
+    assert (checkpoints / "step-2" / VERIFIED_FILE).is_file()
+
+    # A complete checkpoint newer than the verified one, but never compared: not resumed from.
+    shutil.copytree(checkpoints / "step-2", checkpoints / "step-3", ignore=shutil.ignore_patterns(VERIFIED_FILE))
+    result, note = launch(run, 6, *HSDP)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Loading the checkpoint from {checkpoints / 'step-2'}" in result.stdout + result.stderr
+    assert (checkpoints / "step-4" / VERIFIED_FILE).is_file()
+
+    result, note = launch(clean, 6, *HSDP)  # no fault: every check passes
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert note["code"] == Exit.DONE and not (clean / ALERTS_FILE).exists()
+    assert all((clean / "checkpoints" / f"step-{s}" / VERIFIED_FILE).is_file() for s in (2, 4))
+    for step in (2, 4):
+        got, want = tensors(checkpoints / f"step-{step}"), tensors(clean / "checkpoints" / f"step-{step}")
+        assert got.keys() == want.keys() and any(".exp_avg_sq" in k or "exp_avg_sq" in k for k in got)
+        assert [k for k in want if not torch.equal(got[k], want[k])] == [], step
+
+
+def test_with_two_replicas_both_holders_are_named(tmp_path):
+    run, host = tmp_path / "run", socket.gethostname()
+    result, note = launch(run, 2, "parallel.shard=1", "parallel.replicate=2", "training.global_batch=4",
+                          "training.consistency_every=1", bitflip="1:1")
+    assert result.returncode != 0
+    assert (note["code"], note["step"], note["ranks"], note["majority"]) == (Exit.REPLICA_MISMATCH, 1, [0, 1], False)
+    assert f"no majority among 2 replicas, the holders: rank 0 on {host}; rank 1 on {host}" in note["message"]
+    assert not list((run / "checkpoints").glob("step-*")) if (run / "checkpoints").exists() else True
