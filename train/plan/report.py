@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from rundir.progress import progress
 from train import recipe as R
 
 from .comm import Cluster, Communication, Layout, candidate_layouts, cluster_for, communication
@@ -131,20 +132,21 @@ def sweep(recipe: R.Recipe, config, gpus: int, gpu: Gpu, cluster: Cluster) -> Sw
     not traced. Reshard policies and gradient reductions change only what ``comm`` adds."""
     settings = []
     layouts = candidate_layouts(gpus, cluster.gpus_per_node)
-    for shard in dict.fromkeys(layout.shard for layout in layouts):
-        for ac in AC_MODES:
-            shape = Shape.of(recipe, shard, ac=ac)
-            memory = memory_plans(config, shape, gpu, MICRO_BATCHES, stop_when_full=True)
-            for mb in MICRO_BATCHES:
-                acc = _accumulation(recipe, mb, gpus)
-                if mb not in memory:
-                    settings.append(Setting(ac, mb, acc, shard=shard))
-                    continue
-                speed = roofline(config, dataclasses.replace(shape, micro_batch=mb), gpu, accumulation=acc or 1)
-                for layout in (layout for layout in layouts if layout.shard == shard):
-                    comm = acc and communication(config, layout, speed, cluster, gpus=gpus, accumulation=acc,
-                                                 param_dtype=shape.param_dtype, reduce_dtype=shape.reduce_dtype)
-                    settings.append(Setting(ac, mb, acc, memory[mb], speed, comm or None, shard))
+    traces = [(shard, ac) for shard in dict.fromkeys(layout.shard for layout in layouts) for ac in AC_MODES]
+    # a trace per shard degree x AC mode, ~20 s each for the 2B: minutes in all, so say how far it is
+    for shard, ac in progress(traces, desc="plan --sweep: shard degree x AC traced", unit="trace", every=1):
+        shape = Shape.of(recipe, shard, ac=ac)
+        memory = memory_plans(config, shape, gpu, MICRO_BATCHES, stop_when_full=True)
+        for mb in MICRO_BATCHES:
+            acc = _accumulation(recipe, mb, gpus)
+            if mb not in memory:
+                settings.append(Setting(ac, mb, acc, shard=shard))
+                continue
+            speed = roofline(config, dataclasses.replace(shape, micro_batch=mb), gpu, accumulation=acc or 1)
+            for layout in (layout for layout in layouts if layout.shard == shard):
+                comm = acc and communication(config, layout, speed, cluster, gpus=gpus, accumulation=acc,
+                                             param_dtype=shape.param_dtype, reduce_dtype=shape.reduce_dtype)
+                settings.append(Setting(ac, mb, acc, memory[mb], speed, comm or None, shard))
     return Sweep(gpus, gpu, cluster, settings)
 
 
@@ -234,7 +236,14 @@ class Plan:
                         f"(the twin: torchtitan llama3 with equal parameters and the same attention windows)"]
 
     def comm_lines(self) -> list[str]:
-        return [] if self.comm is None else self.comm.lines()
+        return [] if self.comm is None else self.comm.lines() + self.replica_check_lines()
+
+    def replica_check_lines(self) -> list[str]:
+        from train.consistency import plan_lines
+
+        layout, t = self.comm.layout, self.recipe.training
+        return plan_lines(self.nparams, layout.replicate, layout.shard, t.consistency_every,
+                          self.recipe.checkpoint.interval, self.gpu.dram_gbs, self.comm.step_s)
 
     @property
     def fits(self) -> bool:
