@@ -27,6 +27,7 @@ import numpy as np
 
 GOLDEN = (math.sqrt(5) - 1) / 2
 MIN_SIZES = 4  # model sizes a fit needs: 3 parameters and at least one degree of freedom
+B_RANGE = (1e-3, 2.0)  # exponents searched, wide around published ones (Kaplan et al. 2020, loss vs compute: 0.050)
 
 
 @dataclass
@@ -57,7 +58,7 @@ def _linear(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     return float(a), float(c), float(np.sum((A @ np.array([a, c]) - y) ** 2))
 
 
-def fit_power_law(flops, losses, b_range: tuple[float, float] = (1e-3, 2.0)) -> Fit:
+def fit_power_law(flops, losses, b_range: tuple[float, float] = B_RANGE) -> Fit:
     """Least-squares ``losses = a * flops^(-b) + c`` (see the module's docstring)."""
     C, L = np.asarray(flops, dtype=float), np.asarray(losses, dtype=float)
     if len(C) < 3 or len(set(C.tolist())) < 3:
@@ -114,9 +115,12 @@ def run_points(runs, metric: str) -> list[tuple[str, int, float, float]]:
     points = []
     for run in runs:
         steps, values = run.series(metric)
+        try:
+            config = read_native_config(run.path)
+        except (OSError, ValueError, TypeError):  # no laneformer_config.json yet, or another version's
+            continue
         if not steps:
             continue
-        config = read_native_config(run.path)
         with torch.device("meta"):
             nparams = sum(p.numel() for p in config.build().parameters())
         per_token = flops_per_token(config, run.recipe["training"]["seq_len"])
@@ -135,6 +139,8 @@ def scaling_lines(runs, metric: str, target: str = "phase1.toml") -> list[str]:
     target_flops = recipe_flops(target)
     loss, se = fit.predict(target_flops)
     largest = max(p[2] for p in points)
+    bound = [f"  b is at the edge of the range searched ({B_RANGE[0]:g}-{B_RANGE[1]:g}): these losses do not follow "
+             "the law; the prediction below means nothing"] if min(abs(fit.b - x) for x in B_RANGE) < 1e-3 else []
     return [
         f"scaling fit over {len({p[1] for p in points})} model sizes ({fit.n} runs), final {metric} against "
         f"training FLOPs: L(C) = a * C^(-b) + c",
@@ -142,4 +148,5 @@ def scaling_lines(runs, metric: str, target: str = "phase1.toml") -> list[str]:
         f"({fit.n - 3} degrees of freedom, residual rms {math.sqrt(fit.rss / fit.n):.4f})",
         f"  predicted at {target} ({target_flops:.3g} FLOPs, {target_flops / largest:.3g}x the largest run): "
         f"{loss:.4f} +- {se:.4f} (1 sigma, linearised; an extrapolation that assumes the law holds that far)",
+        *bound,
     ]
