@@ -147,8 +147,8 @@ class ReplicaCheck:
         details = {"step": step, "ranks": odd, "hosts": sorted({self.hosts[r] for r in odd}), "shards": shards,
                    "majority": majority, "differs_in": what}
         if dist.get_rank() == 0:
-            record = {"time": datetime.now(timezone.utc).isoformat(), "kind": "replica_mismatch",
-                      "message": text, **details}
+            record = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "kind": "replica_mismatch",
+                      **details, "text": text}  # the fields train/straggler.py's alerts have
             with open(self.run_dir / ALERTS_FILE, "a") as f:
                 f.write(json.dumps(record) + "\n")
         raise ReplicaMismatch(text, message=text, **details)
@@ -162,3 +162,21 @@ class ReplicaCheck:
 
 def is_verified(step_dir: Path) -> bool:
     return (Path(step_dir) / VERIFIED_FILE).is_file()
+
+
+def plan_lines(nparams: int, replicate: int, shard: int, every: int, interval: int, dram_gbs: float,
+               step_s: float) -> list[str]:
+    """The check's cost per step for ``train.py --plan``: each rank reads its shards of the fp32 parameters
+    and both AdamW moments once (12 bytes a parameter over ``shard`` ranks) at the GPU's memory bandwidth,
+    plus one all-gather of 16 bytes a rank (latency-bound, not estimated), every ``every`` steps and
+    before every save (each ``interval`` steps)."""
+    if replicate <= 1:
+        return [f"replica check: cannot run: replicate = {replicate}, every shard is held by one rank (no copy "
+                "to compare); HSDP ([parallel] replicate > 1) gives it"]
+    read = 12 * nparams / shard
+    check_s = read / (dram_gbs * 1e9)
+    per_step = check_s * ((1 / every if every else 0) + 1 / interval)
+    when = f"every {every} steps and before each save" if every else "before each save"
+    return [f"replica check ({replicate} replicas of {shard} shards): {read / 1e9:.2f} GB read per rank, "
+            f"{check_s * 1e3:.2f} ms per check + one all-gather of 16 B per rank; {when} (checkpoint interval "
+            f"{interval}): {per_step * 1e3:.3f} ms per step ({per_step / step_s:.4%} of the step)"]
