@@ -442,10 +442,11 @@ class MixtureLoader:
     def state_dict(self) -> dict:
         """The same on every rank: resumable on any world size."""
         m = self.mixture
-        state = {"next_index": self.next_index, "seq_len": m.seq_len, "seed": m.seed,
-                 "consumed_tokens": m.consumed_tokens(self.next_index, self.skipped)}
-        # One JSON string (DCP stores it as an opaque object), present once a rollback skipped data.
-        return {**state, "skipped": json.dumps(self.skipped)} if self.skipped else state
+        # skipped: one JSON string (DCP stores it as an opaque object), always present: DCP loads only
+        # the keys of the state it loads into, which is a fresh loader's.
+        return {"next_index": self.next_index, "seq_len": m.seq_len, "seed": m.seed,
+                "consumed_tokens": m.consumed_tokens(self.next_index, self.skipped),
+                "skipped": json.dumps(self.skipped)}
 
     def load_state_dict(self, state: dict) -> None:
         m = self.mixture

@@ -92,7 +92,7 @@ def test_a_flipped_bit_is_caught_before_the_save_and_the_run_resumes_from_the_ve
     assert all((clean / "checkpoints" / f"step-{s}" / VERIFIED_FILE).is_file() for s in (2, 4))
     for step in (2, 4):
         got, want = tensors(checkpoints / f"step-{step}"), tensors(clean / "checkpoints" / f"step-{step}")
-        assert got.keys() == want.keys() and any(".exp_avg_sq" in k or "exp_avg_sq" in k for k in got)
+        assert got.keys() == want.keys() and any("exp_avg_sq" in k for k in got)  # model and AdamW state
         assert [k for k in want if not torch.equal(got[k], want[k])] == [], step
 
 
@@ -103,4 +103,4 @@ def test_with_two_replicas_both_holders_are_named(tmp_path):
     assert result.returncode != 0
     assert (note["code"], note["step"], note["ranks"], note["majority"]) == (Exit.REPLICA_MISMATCH, 1, [0, 1], False)
     assert f"no majority among 2 replicas, the holders: rank 0 on {host}; rank 1 on {host}" in note["message"]
-    assert not list((run / "checkpoints").glob("step-*")) if (run / "checkpoints").exists() else True
+    assert not list(run.glob("checkpoints/step-*"))  # nothing saved
