@@ -82,6 +82,8 @@ def text_plan() -> str:
     """The tiny recipe's whole plan as text, made once for the tests that read it."""
     result = subprocess.run(PLAN + ["--ops", "--compiled", "--sweep"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
+    # the sweep's traces take minutes for the 2B: it says how far it is, on stderr (stdout stays the plan)
+    assert re.search(r"^plan --sweep: shard degree x AC traced: 100% ", result.stderr, re.M), result.stderr[-2000:]
     return result.stdout
 
 
