@@ -122,11 +122,12 @@ class ReplicaCheck:
         params = [p for m in model_parts for p in m.parameters()]
         state = [v for opt in optimizers.optimizers for s in opt.state.values() for v in s.values()
                  if isinstance(v, torch.Tensor)]
-        mine = torch.stack([checksum(params), checksum(state)]).to(params[0].device if params else "cpu")
+        device = params[0].device if params else torch.device("cpu")
+        mine = torch.stack([checksum(params).to(device), checksum(state).to(device)])
         every = torch.empty(dist.get_world_size() * 2, dtype=torch.int64, device=mine.device)
         dist.all_gather_into_tensor(every, mine)
         sums = [tuple(row) for row in every.view(-1, 2).tolist()]  # the one host sync of a check step
-        odd = sorted(rank for group in self.groups for i in vote([sums[r] for r in group]) for rank in [group[i]])
+        odd = sorted(group[i] for group in self.groups for i in vote([sums[r] for r in group]))
         if not odd:
             self.verified_step = step
             return
