@@ -149,7 +149,10 @@ def read_sweep(path: str | Path, extra_sets: list[str] = ()) -> Sweep:
     for key in baseline:
         if key not in axes:
             raise SweepError(f"{path}: baseline: {key} is not an axis of [vary] ({', '.join(sorted(axes))})")
-    return Sweep(path, name, raw["recipe"], seeds, baseline, sets, grids)
+    if not isinstance(raw["recipe"], str):
+        raise SweepError(f"{path}: recipe: expected a recipe file or a name in recipes/, got {raw['recipe']!r}")
+    recipe = str(R.find(raw["recipe"]).resolve())  # the launchers run in the repo, wherever this ran
+    return Sweep(path, name, recipe, seeds, baseline, sets, grids)
 
 
 def set_args(values: dict[str, Any]) -> list[str]:
