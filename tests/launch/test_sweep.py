@@ -9,6 +9,7 @@ import contextlib
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -125,6 +126,9 @@ def test_the_dry_run_prints_the_grid_and_each_runs_plan(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(bool(os.environ.get("PYTEST_XDIST_WORKER")),
+                    reason="under xdist the emulated cluster is test_launch_slurm.py's: its worker's `slurm` fixture "
+                           "starts and stops it, and a second worker's would race it; runs in a serial pytest")
 def test_a_sweep_submits_through_launch_slurm_and_its_run_finishes(slurm, tmp_path):  # noqa: F811
     one = tmp_path / "one.toml"
     one.write_text('recipe = "tiny.toml"\nseeds = [3]\nbaseline = { "model.delay" = 2 }\n[vary]\n'
