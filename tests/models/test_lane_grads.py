@@ -28,7 +28,7 @@ from tests.models.test_model import build, dense_forward
 
 def tokens_and_targets(vocab: int, seq: int = 40):  # longer than tiny's window (32)
     g = torch.Generator().manual_seed(1)
-    return torch.randint(0, vocab, (2, seq), generator=g), torch.randint(0, vocab, (2, seq), generator=g)
+    return torch.randint(0, vocab, (1, seq), generator=g), torch.randint(0, vocab, (1, seq), generator=g)
 
 
 def gradients(model, logits_of) -> dict[str, torch.Tensor]:
@@ -56,7 +56,7 @@ def test_delay_0_gradients_equal_the_dense_transformers():
     got = gradients(model, lambda params, tokens: model(tokens))
     want = gradients(model, lambda params, tokens: dense_forward(params, model.config, tokens))
     # Both compute RoPE's angles in float32 (torchtitan's ComplexRoPE; the reference's cos/sin), the rest in float64.
-    assert_same_gradients(got, want, rtol=2e-6)  # measured 1.8e-7
+    assert_same_gradients(got, want, rtol=2e-6)  # measured 2.1e-7
 
 
 def _plain_lane_matmul(x, w):
@@ -84,4 +84,4 @@ def test_tiny_gradients_equal_plain_autograd_of_the_same_formulas(monkeypatch):
     monkeypatch.setattr(M, "normed_lane_matmul", _plain_normed_lane_matmul)
     monkeypatch.setattr(M, "_add_partial", _plain_add_partial)
     want = gradients(model, lambda params, tokens: model(tokens))
-    assert_same_gradients(got, want, rtol=1e-10)  # measured 1.4e-15
+    assert_same_gradients(got, want, rtol=1e-10)  # measured 1.1e-15
