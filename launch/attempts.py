@@ -44,7 +44,7 @@ from pathlib import Path
 import rundir
 from rundir import exit_file, latest_complete_step, launcher_dir
 from train.exits import Exit
-from train.heartbeat import heartbeat_dir, read_beats, summary
+from train.heartbeat import heartbeat_dir, read_alerts, read_beats, summary
 from train.storage import NoSpace, free_bytes, is_out_of_space
 
 # A rank that died of one of these was killed by the node (OOM killer, bad memory, a crash
@@ -109,9 +109,11 @@ def begin(run: Path, job: str, **info) -> dict:
     return _append(run, {"event": "start", "job": job, "step": checkpoint_step(run), **info, "logs": logs})
 
 
-def end(run: Path, job: str, rc: int, crashes_per_day: int = 0, nodes: str = "") -> dict:
+def end(run: Path, job: str, rc: int, crashes_per_day: int = 0, nodes: str = "",
+        exclude_stragglers: bool = False) -> dict:
     """Record how the last start of ``job`` ended, decide what comes next, and which nodes
-    to exclude from a requeue (those the crash is pinned to, plus the job's earlier exclusions)."""
+    to exclude from a requeue (those the crash is pinned to, with ``exclude_stragglers`` the
+    nodes train.straggler named during the start, plus the job's earlier exclusions)."""
     events = history(run)
     starts = [e for e in events if e["event"] == "start" and e["job"] == job]
     day_ago = datetime.now(timezone.utc) - timedelta(days=1)
@@ -125,13 +127,16 @@ def end(run: Path, job: str, rc: int, crashes_per_day: int = 0, nodes: str = "")
     action, cause, why = decide(rc, note, before, after, recent, crashes_per_day)
     event = {"event": "end", "job": job, "rc": rc, "step": after, "action": action, "cause": cause, "why": why,
              "summary": summary(read_beats(run))}  # for launch.goodput: begin() removes the beats
+    pinned = set()
     if action == "restart" and cause == "crash":
         pinned = fault_nodes(run, starts[-1].get("logs", {}) if starts else {}, hostnames(nodes)) | down_nodes(nodes)
-        if pinned:
-            earlier = job_info(job).get("ExcNodeList", "(null)")
-            event["pinned"] = sorted(pinned)
-            event["exclude"] = ",".join([*([earlier] if earlier not in ("", "(null)") else []), *sorted(pinned)])
-            event["why"] += f"; excluding {', '.join(sorted(pinned))} from the requeue"
+    if action == "restart" and exclude_stragglers:
+        pinned |= straggler_nodes(run, starts[-1]["time"] if starts else "", hostnames(nodes))
+    if pinned:
+        earlier = job_info(job).get("ExcNodeList", "(null)")
+        event["pinned"] = sorted(pinned)
+        event["exclude"] = ",".join([*([earlier] if earlier not in ("", "(null)") else []), *sorted(pinned)])
+        event["why"] += f"; excluding {', '.join(sorted(pinned))} from the requeue"
     return _append(run, event)
 
 
@@ -203,6 +208,13 @@ def fault_nodes(run: Path, offsets: dict[str, int], nodes: list[str] = ()) -> se
     return found
 
 
+def straggler_nodes(run: Path, since: str, nodes: list[str]) -> set[str]:
+    """Nodes of the job that train.straggler named since ``since`` (ISO time): an alert's host is the
+    rank's host name, a node's name where hosts and nodes are one (not for emulated nodes on one host)."""
+    named = {a["host"].split(".")[0] for a in read_alerts(run) if a.get("kind") == "straggler" and a["time"] >= since}
+    return named & set(nodes)
+
+
 def down_nodes(nodelist: str) -> set[str]:
     """Nodes of ``nodelist`` that SLURM reports down, failing or not responding (``*``)."""
     if not nodelist:
@@ -231,13 +243,14 @@ def main(argv=None) -> int:
     p.add_argument("--nodes", default="", help="the job's nodes")
     p.add_argument("--rc", type=int, help="end: the exit status of the training processes")
     p.add_argument("--crashes-per-day", type=int, default=0, help="end: crash restarts allowed per 24 h (0: any)")
+    p.add_argument("--exclude-stragglers", action="store_true", help="end: a requeue excludes named stragglers")
     args = p.parse_args(argv)
     try:
         if args.what == "begin":
             event = begin(args.run, args.job, restart=args.restart, nodes=args.nodes)
             print(f"start {args.restart} of job {args.job} from step {event['step']}", file=sys.stderr)
             return 0
-        event = end(args.run, args.job, args.rc, args.crashes_per_day, args.nodes)
+        event = end(args.run, args.job, args.rc, args.crashes_per_day, args.nodes, args.exclude_stragglers)
     except NoSpace as e:  # the batch script stops: nothing is requeued onto a full disk
         print(f"error: {e}", file=sys.stderr)
         return e.code

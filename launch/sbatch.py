@@ -14,7 +14,8 @@ What it does, and why each piece is there:
   latest checkpoint), or fail with the reason recorded for ``status``. A crash
   pinned to a node requeues with that node added to the job's ExcNodeList
   (only a pending job can be updated: requeue first, with SIGTERM ignored so
-  the requeue's own signal does not cut the update off);
+  the requeue's own signal does not cut the update off); with ``[launch]
+  exclude_stragglers`` the nodes train.straggler named are excluded the same way;
 - ``launch.watchdog`` runs beside srun on the first node: a start that makes
   no progress for ``[launch] stall_timeout`` gets its ranks' stacks dumped
   and is killed, and ``launch.attempts end`` records the cause ``stall``;
@@ -50,6 +51,7 @@ class Job:
     exclusive: bool = True
     signal_lead: int = 300  # seconds between the signal and the time limit: the save must fit
     crashes_per_day: int = 0  # crash requeues (after progress) allowed per 24 h, 0: any; preemptions always requeue
+    exclude_stragglers: bool = False  # [launch] exclude_stragglers: a requeue leaves out the nodes named slow
     rdzv_port: int | None = None  # default: derived from the job id, so jobs sharing a node differ
     nccl_socket_ifname: str | None = None
     nccl_ib_hca: str | None = None
@@ -124,7 +126,8 @@ def render(job: Job) -> str:
         'kill "$watchdog_pid" 2>/dev/null; wait "$watchdog_pid" 2>/dev/null',
         "",
         f'decision=$("$PY" -m launch.attempts end "$RUN" --job "$SLURM_JOB_ID" --rc "$rc" '
-        f'--crashes-per-day {job.crashes_per_day} --nodes "$SLURM_JOB_NODELIST")',
+        f'--crashes-per-day {job.crashes_per_day} --nodes "$SLURM_JOB_NODELIST"'
+        f'{" --exclude-stragglers" if job.exclude_stragglers else ""})',
         'read -r action exclude <<<"$decision"',
         'case "$action" in',
         "  done) exit 0 ;;",

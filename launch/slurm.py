@@ -35,6 +35,7 @@ from launch.attempts import checkpoint_step, history, job_info, launcher_dir
 from launch.goodput import lines as goodput_lines
 from launch.sbatch import Job, render
 from rundir import recorded_recipe
+from train.heartbeat import read_alerts
 from train import recipe as R
 
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUE_HOLD",
@@ -103,7 +104,8 @@ def submit(args) -> int:
             nodes=args.nodes, gpus_per_node=args.gpus_per_node, nproc_per_node=nproc,
             partition=args.partition, account=args.account, time=args.time, exclude=args.exclude,
             exclusive=not args.no_exclusive, signal_lead=args.signal_lead,
-            crashes_per_day=recipe.launch.crashes_per_day, rdzv_port=args.rdzv_port,
+            crashes_per_day=recipe.launch.crashes_per_day, exclude_stragglers=recipe.launch.exclude_stragglers,
+            rdzv_port=args.rdzv_port,
             nccl_socket_ifname=args.nccl_socket_ifname,
             nccl_ib_hca=args.nccl_ib_hca, env=args.env))
     except (R.RecipeError, ValueError) as e:
@@ -152,7 +154,7 @@ def status(run: Path) -> str:
     recipe = recorded_recipe(launcher_dir(run)) or recorded_recipe(run) or {}  # frozen by submit, or the run's own
     total = recipe.get("training", {}).get("steps", "?")
     lines.append(f"latest checkpoint: step {checkpoint_step(run)} of {total}")
-    lines += goodput_lines(run)
+    lines += goodput_lines(run) + slow_hosts(run)
     ids = job_ids(run)
     if not ids:
         return "\n".join(lines + local_launches(run))
@@ -173,6 +175,14 @@ def status(run: Path) -> str:
     if events and events[-1]["event"] == "end" and events[-1]["action"] == "fail":
         lines.append(f"FAILED: {events[-1]['why']}")
     return "\n".join(lines)
+
+
+def slow_hosts(run: Path) -> list[str]:
+    """The hosts train.straggler named (``<run>/alerts.jsonl``), with their last alert."""
+    last = {a["host"]: a for a in read_alerts(run) if a.get("kind") == "straggler"}
+    return ["slow hosts: " + "; ".join(f"{h} (rank {a['rank']} at step {a['step']}: compute check "
+                                        f"{a['compute_s'] / a['median_s'] - 1:.0%} over the median, {a['time']})"
+                                        for h, a in last.items())] if last else []
 
 
 def local_launches(run: Path) -> list[str]:

@@ -39,6 +39,7 @@ from train.cpu import adapt_config
 from train.eval_hook import EvalHook
 from train.export_hook import ExportHook
 from train.preemption import PreemptionHook
+from train.straggler import StragglerHook
 from train.recipe import Recipe, RecipeError, check_keys, check_needs, check_value, check_world, dp_degrees
 from train.report_hook import ReportHook
 from train.storage import run_dir_problem
@@ -302,6 +303,8 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
         hooks=[EvalHook.Config(every=recipe.eval.every, at_end=recipe.eval.at_end, spec=recipe.eval.spec(),
                                chat_template=recipe.data.chat_template),
                *export_hooks(recipe), *([ReportHook.Config(every=recipe.eval.every)] if recipe.logging.report else []),
+               StragglerHook.Config(threshold=recipe.launch.straggler_threshold,
+                                    windows=recipe.launch.straggler_windows),
                PreemptionHook.Config()],  # called in their priority order (train.hooks)
         skip_spikes=t.skip_spikes,
         spike_sigmas=t.spike_sigmas,

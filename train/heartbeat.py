@@ -42,6 +42,7 @@ from rundir import launcher_dir
 
 STACKS_SIGNAL = signal.SIGUSR2
 RECORD_BYTES = 2048  # every beat overwrites the same bytes: no truncate, no torn length
+ALERTS_FILE = "alerts.jsonl"  # <run>/alerts.jsonl: what the ranks flag for people (train.straggler)
 
 
 def heartbeat_dir(run: Path) -> Path:
@@ -117,3 +118,9 @@ def summary(beats: list[dict]) -> dict:
     finished = [b["step"] - (b["phase"] in ("data", "forward_backward", "optimizer")) for b in beats]
     return {"marks": zero["marks"], "phase_s": zero.get("phase_s", {}), "done": zero["done"],
             "reached": min(finished), "last_beat": max(b["time"] for b in beats)}
+
+
+def read_alerts(run: Path) -> list[dict]:
+    """``<run>/alerts.jsonl``, oldest first."""
+    path = Path(run) / ALERTS_FILE
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []

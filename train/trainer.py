@@ -256,6 +256,7 @@ class LaneformerTrainer(Trainer):
         assert isinstance(self.optimizers, GuardedOptimizers), "use GuardedOptimizers.Config"
         self._skipped_logged = 0
         self._last_log: tuple[int, float] | None = None  # (step, time) at the last logging step
+        self.data_wait_s = 0.0  # seconds this rank waited for batches (train.straggler)
         if utils.device_type == "cpu":
             # MFU against a GPU's peak means nothing on a CPU; torchtitan prints
             # N/A for it only under this flag.
@@ -295,6 +296,15 @@ class LaneformerTrainer(Trainer):
                 model.set_requires_gradient_sync(last)
             else:
                 model.set_requires_all_reduce(last)
+
+    def batch_generator(self, data_iterable):
+        """torchtitan's batches, with this rank's wait for each added to ``data_wait_s``."""
+        batches = super().batch_generator(data_iterable)
+        while True:
+            start = time.perf_counter()
+            batch = next(batches)  # torchtitan's generator raises its own error when the data runs out
+            self.data_wait_s += time.perf_counter() - start
+            yield batch
 
     def train_step(self, data_iterator):
         self._micro_batch = 0

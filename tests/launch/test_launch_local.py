@@ -20,7 +20,8 @@ import pytest
 from launch.attempts import checkpoint_step, history
 from launch.slurm import status
 from rundir import REPO
-from tests.conftest import STEPS, env, kill_tree, local_command, losses, reference_run
+from tests.conftest import STEPS, env, kill_tree, local_command, losses, metrics, reference_run
+from train.heartbeat import read_alerts, read_beats
 from tests.launch.conftest import logged_steps, wait_for
 
 def started_at(log: str) -> list[int]:
@@ -51,10 +52,50 @@ def rank_pid(root: int, rank: int) -> int | None:
 
 
 @pytest.mark.slow
-def test_an_uninterrupted_run_finishes_in_one_start(reference, tmp_path_factory):
+def test_an_uninterrupted_run_finishes_in_one_start_and_names_no_straggler(reference, tmp_path_factory):
     assert sorted(reference) == list(range(1, STEPS + 1))
-    events = history(reference_run(tmp_path_factory))
+    run = reference_run(tmp_path_factory)
+    events = history(run)
     assert [(e["event"], e.get("action")) for e in events] == [("start", None), ("end", "done")]
+    # two balanced ranks: compared at every logging step, neither is flagged
+    assert len([r for r in metrics(run).values() if "straggler/compute_median_s" in r]) == STEPS
+    assert read_alerts(run) == [] and "slow hosts" not in status(run)
+
+
+STRAGGLER_WINDOWS = 2
+
+
+@pytest.mark.slow
+def test_a_rank_whose_core_is_shared_with_a_busy_process_is_named_the_straggler(tmp_path):
+    """Rank 1 pinned with taskset to core 0 beside a busy process pinned there. The busy process
+    must win the core: Linux groups tasks by session (autogroup) and shares a core fairly between
+    groups, and on a loaded machine the load balancer moves every other task off the busy core,
+    so rank 1's session is niced (its autogroup) to lose to the neighbour, as a noisy one would."""
+    run = tmp_path / "run"
+    steps = ("--set=training.steps=5", "--set=logging.interval=2", "--set=checkpoint.interval=100",
+             f"--set=launch.straggler_windows={STRAGGLER_WINDOWS}")
+    proc = subprocess.Popen([*local_command(run), *steps], cwd=REPO, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    busy = None
+    try:
+        beat = wait_for(lambda: {b["rank"]: b for b in read_beats(run)}.get(1), "rank 1's heartbeat")
+        subprocess.run(["taskset", "-a", "-p", "-c", "0", str(beat["pid"])], check=True, capture_output=True)
+        Path(f"/proc/{beat['pid']}/autogroup").write_text("5")  # about a quarter of the core
+        busy = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"])
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if busy:
+            busy.kill()
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+    assert proc.returncode == 0, out[-3000:]
+    # named within the configured windows: logging steps 1, 2, 4 (step 1 may have begun before the pin)
+    first = read_alerts(run)[0]
+    assert (first["kind"], first["rank"]) == ("straggler", 1) and first["step"] <= 4, first
+    assert "STRAGGLER: rank 1 on" in out
+    assert metrics(run)[first["step"]]["straggler/slowest_rank"] == 1
+    assert f"slow hosts: {first['host']} (rank 1 at step" in status(run)
+    assert sorted(losses(run)) == [1, 2, 4, 5]  # every 2 steps, and the last step whatever the interval
 
 
 STALL_TIMEOUT = 10  # seconds; the watchdog looks once a second
