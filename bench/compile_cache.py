@@ -11,7 +11,7 @@ train.py on one rank, a compiled tiny recipe (``parallel.compile = true``):
    control, so that page cache and resumed state are the same as in 2.
 
 Each launch's time to its first step is the heartbeat's (train/heartbeat.py):
-process start to the end of the first trained step, split as launch.goodput
+process start to the end of the first trained step, split as train.goodput
 splits it.
 
     .venv/bin/python -m bench.compile_cache [--steps 2]
@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from launch.goodput import startup_split
+from train.goodput import startup_split
 from rundir import REPO
 from train.heartbeat import heartbeat_dir
 

@@ -126,7 +126,7 @@ def end(run: Path, job: str, rc: int, crashes_per_day: int = 0, nodes: str = "",
     before, after = (starts[-1]["step"] if starts else 0), checkpoint_step(run)
     action, cause, why = decide(rc, note, before, after, recent, crashes_per_day)
     event = {"event": "end", "job": job, "rc": rc, "step": after, "action": action, "cause": cause, "why": why,
-             "summary": summary(read_beats(run))}  # for launch.goodput: begin() removes the beats
+             "summary": summary(read_beats(run))}  # for train.goodput: begin() removes the beats
     pinned = set()
     if action == "restart" and cause == "crash":
         pinned = fault_nodes(run, starts[-1].get("logs", {}) if starts else {}, hostnames(nodes)) | down_nodes(nodes)

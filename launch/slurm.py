@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 from launch.attempts import checkpoint_step, history, job_info, launcher_dir
-from launch.goodput import lines as goodput_lines
+from train.goodput import lines as goodput_lines
 from launch.sbatch import Job, render
 from rundir import recorded_recipe
 from train.heartbeat import read_alerts

@@ -10,7 +10,7 @@ runs after the step (``eval``, ``export``, ``report``, ...). A beat is a
 ``pwrite`` of one padded JSON line (tens of microseconds, page cache only): it
 reads no tensor, so it adds no host sync. ``launch.watchdog`` reads the files.
 
-The record also carries what goodput accounting (launch.goodput) needs from
+The record also carries what goodput accounting (train.goodput) needs from
 this process: the marks of its way to the first step (``process`` start,
 ``trainer`` init, ``rendezvous`` done, ``built``, checkpoint ``loaded``,
 ``first_step`` done: wall-clock seconds), and after the first step the seconds
@@ -110,7 +110,7 @@ def read_beats(run: Path) -> list[dict]:
 
 
 def summary(beats: list[dict]) -> dict:
-    """What launch.attempts.end records of a launch's heartbeats (launch.goodput reads it): rank 0's
+    """What launch.attempts.end records of a launch's heartbeats (train.goodput reads it): rank 0's
     marks and phase times, the last step every rank finished, the last beat of any rank."""
     if not beats:
         return {}

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from launch import attempts, goodput
+from launch import attempts
+from train import goodput
 from launch.attempts import checkpoint_step, history, job_info
 from launch.slurm import job_ids
 from launch.slurm import main as slurm_main

@@ -214,8 +214,8 @@ def header(run: Run) -> list[tuple[str, str]]:
 
 
 def goodput(path: Path) -> str:
-    """Productive training over wall time since the first launch, and what each cause cost (launch.goodput)."""
-    from launch.goodput import lines
+    """Productive training over wall time since the first launch, and what each cause cost (train.goodput)."""
+    from train.goodput import lines
 
     return " ".join(line.strip() for line in lines(path)[:2]).removeprefix("goodput: ") or "unknown (no launcher record)"
 

@@ -23,7 +23,8 @@ times of each launch:
 - **productive**: time in the training phases (data, forward/backward,
   optimizer, per-step hooks) minus the replayed steps'.
 
-Torch-free; ``launch.slurm status`` and the report print ``lines``.
+Torch-free, in train's layer so that the report (train.report) can use it; ``launch.slurm
+status`` and the report print ``lines``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from launch.attempts import history
+from rundir import launcher_dir, read_jsonl
 from train.heartbeat import read_beats, summary
 
 STARTUP = (("process", "process"), ("imports", "trainer"), ("rendezvous", "rendezvous"), ("build", "built"),
@@ -59,7 +60,7 @@ def startup_split(start: float, marks: dict) -> dict[str, float]:
 def account(run: Path, now: float | None = None) -> dict | None:
     """Wall time since the first launch, productive time and the cost of each cause (seconds),
     per launch startup splits; None before the first launch."""
-    events = history(run)
+    events = read_jsonl(launcher_dir(run) / "attempts.jsonl")  # launch.attempts writes it
     starts = [e for e in events if e["event"] == "start"]
     if not starts:
         return None
