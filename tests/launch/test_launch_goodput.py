@@ -82,3 +82,13 @@ def test_goodput_adds_up_by_hand(tmp_path):
                      "stalls": 20 + 5, "preemptions": 2, "crashes": 0}
     assert round(a["productive_s"], 6) == 60 - 20 + 70
     assert round(a["goodput"], 6) == 110 / 200
+
+
+def test_exclude_stragglers_names_the_job_nodes_alerted_since_the_start(tmp_path):
+    from launch.attempts import straggler_nodes
+
+    alerts = [{"kind": "straggler", "host": "node7.cluster", "time": "2026-01-01T00:00:00+00:00"},  # before
+              {"kind": "straggler", "host": "node2.cluster", "time": "2026-01-02T00:00:00+00:00"},
+              {"kind": "straggler", "host": "elsewhere", "time": "2026-01-02T00:00:00+00:00"}]  # not the job's
+    (tmp_path / "alerts.jsonl").write_text("".join(json.dumps(a) + "\n" for a in alerts))
+    assert straggler_nodes(tmp_path, "2026-01-01T12:00:00+00:00", ["node2", "node7"]) == {"node2"}
