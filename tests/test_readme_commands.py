@@ -122,6 +122,10 @@ COMMANDS: dict[str, Here | str] = {
              "--max-new-tokens 4 --no-tp-baseline", says="ids: "),
     "torchrun --nproc-per-node 8 -m models.laneformer.generate --checkpoint HF_DIR --prompt TEXT --max-new-tokens N "
     "--lane-parallel": "8 ranks on 2 cores; tests/e2e/test_lane_parallel_decode.py runs it on 8, 4 and 2 ranks",
+    "python -m launch.sweep recipes/sweeps/dtp.toml [--dry-run --gpus 8 --gpu h100] [--parallel K | --slurm "
+    "--partition P ...]": "tests/launch/test_sweep.py runs the tiny sweep end to end, the dry run's plan and a "
+                          "refused variant; the dtp study needs the phase-1 shards",
+    "python -m train.report runs/sweeps/dtp": "tests/launch/test_sweep.py compares the tiny sweep it ran",
     "python -m launch.local --recipe tiny.toml --nproc 2 [--set ...]": "tests/launch/test_launch_local.py runs it "
         "(2 ranks; a preemption, a crash and a stalled rank, each resumed with the same losses)",
     "python -m bench.gpu_check": Here("python -m bench.gpu_check --out {tmp}/gpu_check.json", rc=2,
