@@ -18,7 +18,9 @@ Exit codes (``train.exits.Exit``): 0 done; 2 recipe error (nothing started,
 nothing written); 75 (``PREEMPTED``) checkpointed on SIGUSR1, run the same
 command again to resume; 3 training complete but the export failed (the retry
 command is printed); 4 too many consecutive skipped steps; 5 no space for a
-checkpoint in the run dir. 3, 4 and 5 are final: not requeued.
+checkpoint in the run dir; 6 replica mismatch (HSDP copies of a shard differ:
+nothing saved; requeued from the latest verified checkpoint). 3, 4 and 5 are
+final: not requeued.
 """
 
 import argparse
