@@ -104,9 +104,10 @@ def begin(run: Path, job: str, **info) -> dict:
     """Record a start (and where each node log ends now); clear the previous start's exit note
     and heartbeats (launch.watchdog reads this start's only)."""
     exit_file(run).unlink(missing_ok=True)
-    shutil.rmtree(heartbeat_dir(run), ignore_errors=True)
     logs = {p.name: p.stat().st_size for p in logs_dir(run).glob("node*.log")}
-    return _append(run, {"event": "start", "job": job, "step": checkpoint_step(run), **info, "logs": logs})
+    event = _append(run, {"event": "start", "job": job, "step": checkpoint_step(run), **info, "logs": logs})
+    shutil.rmtree(heartbeat_dir(run), ignore_errors=True)  # after the record: on a full disk, it says so
+    return event
 
 
 def end(run: Path, job: str, rc: int, crashes_per_day: int = 0, nodes: str = "",

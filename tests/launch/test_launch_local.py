@@ -22,6 +22,7 @@ from launch.slurm import status
 from rundir import REPO
 from tests.conftest import STEPS, env, kill_tree, local_command, losses, metrics, reference_run
 from train.heartbeat import read_alerts, read_beats
+from train.report.page import embedded_data
 from tests.launch.conftest import logged_steps, wait_for
 
 def started_at(log: str) -> list[int]:
@@ -96,6 +97,8 @@ def test_a_rank_whose_core_is_shared_with_a_busy_process_is_named_the_straggler(
     assert metrics(run)[first["step"]]["straggler/slowest_rank"] == 1
     assert f"slow hosts: {first['host']} (rank 1 at step" in status(run)
     assert sorted(losses(run)) == [1, 2, 4, 5]  # every 2 steps, and the last step whatever the interval
+    figure = embedded_data((run / "report" / "report.html").read_text())["stragglers"]  # compute per host
+    assert figure[first["host"]]["steps"] == [1, 2, 4, 5]
 
 
 STALL_TIMEOUT = 10  # seconds; the watchdog looks once a second

@@ -246,6 +246,24 @@ def data_mix(runs: list[Run], out: Path) -> Figure:
     return d.save(out)
 
 
+def stragglers(runs: list[Run], out: Path) -> Figure:
+    """train.straggler's compute check per host at each logging step (the slowest rank of each host)."""
+    d = Drawing(runs, "stragglers", "compute check per host (a straggler stands out; train.straggler)")
+    ax = d.axes[0]
+    for run in runs:
+        for n, key in enumerate(sorted(run.keys("straggler/compute_s/"))):
+            d.line(ax, run, *run.series(key), key.removeprefix("straggler/compute_s/"), linewidth=1,
+                   color=f"C{n}" if len(runs) == 1 else d.color(run))
+        if run.keys("straggler/compute_median_s"):
+            d.line(ax, run, *run.series("straggler/compute_median_s"), "median of the ranks", linestyle="--",
+                   linewidth=1, color="black")
+    if not ax.has_data():
+        d.figure.note = "no straggler check logged (one rank)"
+    d.restarts(ax)
+    d.axis_labels(ax, "seconds")
+    return d.save(out)
+
+
 def all_figures(runs: list[Run], out: Path) -> list[Figure]:
     return [loss(runs, out), grad_norm(runs, out), throughput(runs, out), memory(runs, out), *evals(runs, out),
-            data_mix(runs, out)]
+            data_mix(runs, out), stragglers(runs, out)]
