@@ -130,6 +130,17 @@ def test_a_missing_data_source_is_named_with_the_command_that_makes_it(tmp_path)
                      f"--tokenizer {REPO / 'assets' / 'tokenizer' / 'tokenizer.model'} --out {gone})"]
 
 
+def test_missing_eval_files_are_refused_before_the_run_starts(tmp_path):
+    """An in-loop eval that could only fail: said at launch, not at the first eval hours later."""
+    found = problems(tiny(tmp_path, f"eval.core_bundle={tmp_path / 'no-bundle'}",
+                          f"eval.lm_eval_tasks={tmp_path / 'no-tasks.json'}"))
+    tiny_toml = REPO / "recipes" / "tiny.toml"
+    assert found == [f"{tiny_toml}: [eval] CORE bundle {tmp_path / 'no-bundle'}: no tasks.csv (no such folder); "
+                     "get the bundle with python -m eval.core_data fetch DIR",
+                     f"{tiny_toml}: [eval] lm-eval tasks {tmp_path / 'no-tasks.json'}: [Errno 2] No such file or "
+                     f"directory: '{tmp_path / 'no-tasks.json'}'"]
+
+
 def test_an_unwritable_export_dir_is_refused(tmp_path):
     (tmp_path / "a-file").write_text("")  # a dir cannot be made below a file, even by root
     (found,) = problems(tiny(tmp_path, "checkpoint.export_hf=true", f"checkpoint.export_dir={tmp_path / 'a-file' / 'hf'}"))
