@@ -125,6 +125,8 @@ class MilestoneCheckpointManager(CheckpointManager):
             check.run(curr_step, self.states[MODEL].model, self.states[OPTIMIZER])  # a mismatch saves nothing
         try:
             saved = super()._save(curr_step, last_step)  # an async save's failure surfaces at the next
+            if saved and last_step:  # torchtitan's last-step save skips its purge: keep_last + 1 would stay
+                self._purge_stale_checkpoints()
             if saved and check is not None and (not dist.is_initialized() or dist.get_rank() == 0):
                 check.mark_verified(Path(self.folder) / f"step-{curr_step}", curr_step)
             return saved
