@@ -22,7 +22,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from launch.attempts import begin, end, logs_dir
@@ -79,15 +78,17 @@ def main(argv=None) -> int:
 
 def watch(proc: subprocess.Popen, dog: Watchdog) -> int:
     """torchrun's exit status; on a stall, its ranks' stacks are dumped and the whole tree killed."""
-    while (rc := proc.poll()) is None:
+    while True:
+        try:
+            return proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            pass
         if stall := dog.check():
             where = dog.handle(stall)
             print(f"launch.local: STALL: no progress for {stall['idle_s']:.1f} s; stacks in {where}",
                   file=sys.stderr, flush=True)
             kill_tree(proc.pid)
             return proc.wait()
-        time.sleep(1)
-    return rc
 
 
 def kill_tree(pid: int) -> None:

@@ -90,7 +90,8 @@ def stalled(beats: list[dict], started: float, limits: Limits, now: float) -> di
     if now - last <= limit:
         return None
     return {"idle_s": round(now - last, 1), "limit_s": limit, "allowance": why,
-            "ranks": [{k: b[k] for k in ("rank", "host", "pid", "step", "phase")} | {"idle_s": round(now - b["time"], 1)}
+            "ranks": [{**{k: b[k] for k in ("rank", "host", "pid", "step", "phase")},
+                       "idle_s": round(now - b["time"], 1)}
                       for b in sorted(beats, key=lambda b: b["rank"])]}
 
 

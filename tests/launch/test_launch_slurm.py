@@ -1,8 +1,9 @@
 """launch.slurm against a real SLURM on this machine (launch/ci/slurm.sh: two
 emulated nodes): runs to the end on 2 nodes x 1 rank and resumes on 1 node x 2 ranks,
 preemption -> checkpoint -> requeue -> resume, then a stopped rank -> stall
-(stacks, killed) -> requeue -> resume, with the losses of an uninterrupted run, a rank killed on node 2 -> requeue with node 2 excluded ->
-resume on node 1 with the same losses, a recipe error that fails once,
+(stacks, killed) -> requeue -> resume, with the losses of an uninterrupted run
+and its goodput in status, a rank killed on node 2 -> requeue with node 2
+excluded -> resume on node 1 with the same losses, a recipe error that fails once,
 status, logs and cancel.
 Where SLURM cannot start here the tests are skipped with the reason."""
 

@@ -90,7 +90,8 @@ def checkpoint_interval(recipe, speed, gpus: int, gpus_per_node: int, nparams: i
     if c.stall_s is not None:
         stall, how = c.stall_s, "measured: [checkpoint] stall_s"
     elif c.async_save:
-        stall, how = per_gpu / (HOST_COPY_GBS * 1e9), f"async: {per_gpu / 1e9:.2f} GB/GPU to host at {HOST_COPY_GBS:g} GB/s"
+        stall = per_gpu / (HOST_COPY_GBS * 1e9)
+        how = f"async: {per_gpu / 1e9:.2f} GB/GPU to host at {HOST_COPY_GBS:g} GB/s"
     else:
         rate = WRITE_GBS_PER_NODE / gpus_per_node
         stall, how = per_gpu / (rate * 1e9), f"synchronous: {per_gpu / 1e9:.2f} GB/GPU at {rate:.2f} GB/s/GPU"

@@ -217,7 +217,8 @@ def goodput(path: Path) -> str:
     """Productive training over wall time since the first launch, and what each cause cost (train.goodput)."""
     from train.goodput import lines
 
-    return " ".join(line.strip() for line in lines(path)[:2]).removeprefix("goodput: ") or "unknown (no launcher record)"
+    text = " ".join(line.strip() for line in lines(path)[:2]).removeprefix("goodput: ")
+    return text or "unknown (no launcher record)"
 
 
 def parameters(run: Run) -> str:
