@@ -46,9 +46,8 @@ from pathlib import Path
 
 from rundir import exit_file, launcher_dir
 from train.exits import Exit
-from train.heartbeat import STACKS_SIGNAL, heartbeat_dir, read_beats
+from train.heartbeat import LONG_PHASES, STACKS_SIGNAL, heartbeat_dir, read_beats
 
-EVAL_PHASES = {"eval", "export", "report"}  # hooks that may run for minutes (train.hooks.Hook.phase)
 STATES = {"T": "stopped", "D": "in uninterruptible sleep"}  # /proc/<pid>/stat states that cannot dump
 DUMP_WAIT_S = 5.0  # how long the ranks get to write their stacks
 
@@ -74,10 +73,8 @@ def allowance(beats: list[dict], limits: Limits) -> tuple[float, str]:
         return limits.first_step, "first step"
     allowed = [(limits.stall, "steady")]
     for b in beats:
-        if b["phase"] == "checkpoint":
-            allowed.append((limits.checkpoint, "checkpoint"))
-        elif b["phase"] in EVAL_PHASES:
-            allowed.append((limits.eval, b["phase"]))
+        if kind := LONG_PHASES.get(b["phase"]):
+            allowed.append((getattr(limits, kind), b["phase"]))
     return max(allowed)
 
 

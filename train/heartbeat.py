@@ -4,11 +4,12 @@ A job can stay up and make no progress outside any collective (a checkpoint
 write to a stuck filesystem, a data read that never returns, a deadlock in an
 eval hook), where the NCCL watchdog (``[parallel] comm_train_timeout``) never
 fires. So every rank overwrites one small file, ``<run>/launcher/heartbeat/
-rank-<R>.json``, each time it enters a phase: ``build``, ``load``, ``data``,
+rank-<R>.json``, as it enters phases: ``build``, ``load``, ``data``,
 ``forward_backward``, ``optimizer``, ``checkpoint``, then one per hook that
-runs after the step (``eval``, ``export``, ``report``, ...). A beat is a
-``pwrite`` of one padded JSON line (tens of microseconds, page cache only): it
-reads no tensor, so it adds no host sync. ``launch.watchdog`` reads the files.
+runs after the step (``eval``, ``export``, ``report``, ...). A beat reads no
+tensor, so it adds no host sync; a write is a ``pwrite`` of one padded JSON
+line, at once when the phase changes what a launcher allows, else at most
+once a second (192 ranks share one filesystem). ``launch.watchdog`` reads the files.
 
 The record also carries what goodput accounting (train.goodput) needs from
 this process: the marks of its way to the first step (``process`` start,
@@ -42,6 +43,9 @@ from rundir import launcher_dir
 
 STACKS_SIGNAL = signal.SIGUSR2
 RECORD_BYTES = 2048  # every beat overwrites the same bytes: no truncate, no torn length
+# Phases a launcher allows longer (launch.watchdog), by allowance; every other phase is "steady".
+LONG_PHASES = {"checkpoint": "checkpoint", "eval": "eval", "export": "eval", "report": "eval"}
+WRITE_EVERY_S = 1.0  # at most one write a second, unless the allowance changes: 192 ranks on a shared filesystem
 ALERTS_FILE = "alerts.jsonl"  # <run>/alerts.jsonl: what the ranks flag for people (train.straggler)
 
 
@@ -73,17 +77,22 @@ class Heartbeat:
         self.record = {"rank": self.rank, "world": int(os.environ.get("WORLD_SIZE", 1)), "pid": os.getpid(),
                        "host": socket.gethostname(), "step": 0, "phase": "build", "done": 0,
                        "marks": {"process": process_start_time(), "trainer": time.time()}, "phase_s": {}}
+        self.written: tuple[tuple, float] = ((), 0.0)  # (allowance, time) of the last write
         self.beat("build")
 
     def beat(self, phase: str, step: int | None = None) -> None:
-        """Entering ``phase`` (of ``step``, when given)."""
+        """Entering ``phase`` (of ``step``, when given). Written at once when it changes what a launcher
+        allows (a long phase begins or ends, the first step is done), else at most every WRITE_EVERY_S."""
         r, now = self.record, time.time()
         if "first_step" in r["marks"] and "time" in r:  # the time since the last beat was the last phase's
             r["phase_s"][r["phase"]] = round(r["phase_s"].get(r["phase"], 0.0) + now - r["time"], 3)
         r["phase"], r["time"] = phase, now
         if step is not None:
             r["step"] = step
-        os.pwrite(self.fd, json.dumps(r).encode().ljust(RECORD_BYTES - 1) + b"\n", 0)
+        allowance = (LONG_PHASES.get(phase), r["done"] == 0)
+        if allowance != self.written[0] or now - self.written[1] >= WRITE_EVERY_S:
+            os.pwrite(self.fd, json.dumps(r).encode().ljust(RECORD_BYTES - 1) + b"\n", 0)
+            self.written = (allowance, now)
 
     def mark(self, name: str) -> None:
         """A point on the way to the first step (once per process), written with the next beat."""
@@ -91,11 +100,6 @@ class Heartbeat:
 
     def step_done(self) -> None:
         self.record["done"] += 1
-
-    def close(self) -> None:
-        faulthandler.unregister(STACKS_SIGNAL)
-        os.close(self.fd)
-        self.stacks.close()
 
 
 def read_beats(run: Path) -> list[dict]:
