@@ -2,7 +2,7 @@
 
     python -m launch.slurm submit --recipe phase1.toml --nodes 24 --gpus-per-node 8 \\
         [--partition P] [--account A] [--time T] [--exclude NODES] [--dry-run] [...]
-    python -m launch.slurm status RUN_DIR     # state, progress, and why it failed
+    python -m launch.slurm status RUN_DIR     # state, progress, goodput, slow hosts, why it failed
     python -m launch.slurm logs RUN_DIR [-n 40] [-f]
     python -m launch.slurm cancel RUN_DIR
 
@@ -20,7 +20,10 @@ submits it. Submitting the same recipe again resumes the run, e.g. with
 ``--exclude`` naming nodes that failed it. The job requeues itself after
 preemption and after crashes that followed progress (within the recipe's
 ``[launch] crashes_per_day``); a crash pinned to a node requeues without that
-node, and ``status`` shows the exclusion and why.
+node, and ``status`` shows the exclusion and why. ``status`` also works for a
+run started with launch.local (its starts and ends), and shows the run's
+goodput and what each cause cost (train.goodput) and the hosts named as
+stragglers (train.straggler).
 """
 
 from __future__ import annotations

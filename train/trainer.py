@@ -10,8 +10,11 @@
 - Permanent milestone checkpoints survive ``keep_last`` purging; a latest
   checkpoint that fails to load is moved aside and the previous one is used.
 - Side effects of training (per-source token counts, eval, report,
-  preemption, the end-of-run export) are ``train.hooks.Hook``s, called in
-  priority order after each step's checkpoint save and once after training.
+  preemption, the straggler check, the end-of-run export) are
+  ``train.hooks.Hook``s, called in priority order after each step's
+  checkpoint save and once after training.
+- Each rank beats a heartbeat (``train.heartbeat``) as it enters each phase
+  of a step and each hook, for the launchers' stall watchdog and goodput.
 """
 
 from __future__ import annotations
