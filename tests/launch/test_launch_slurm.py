@@ -25,10 +25,13 @@ from train import goodput
 from launch.attempts import checkpoint_step, history, job_info
 from launch.slurm import job_ids
 from launch.slurm import main as slurm_main
+from launch.sweep import state as sweep_state
 from rundir import REPO
 from tests.conftest import SHORT, STEPS, losses
 from tests.launch.conftest import logged_steps, wait_for
 from tests.launch.test_launch_local import started_at
+from tests.launch.test_sweep import SHORT as SWEEP_SHORT
+from tests.launch.test_sweep import sweep_cli
 
 SLURM_SH = REPO / "launch" / "ci" / "slurm.sh"
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
@@ -283,3 +286,25 @@ def test_a_recipe_that_does_not_fit_the_allocation_is_not_submitted(tmp_path):
     assert result.returncode == 2
     assert "not divisible by micro_batch (8) x data-parallel size (3)" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_sweep_submits_through_launch_slurm_and_its_run_finishes(slurm, tmp_path):
+    """launch.sweep --slurm: each run is a launch.slurm submission; the rerun submits nothing."""
+    one = tmp_path / "one.toml"
+    one.write_text('recipe = "tiny.toml"\nseeds = [3]\nbaseline = { "model.delay" = 2 }\n[vary]\n'
+                   "model.delay = [2]\n")
+    root = tmp_path / "one"
+    args = (str(one), f"--root={root}", "--slurm", "--nodes=1", "--gpus-per-node=0", "--nproc-per-node=1",
+            "--slurm-arg=--no-exclusive", *(f"--slurm-arg={e}" for e in JOB_ENV),
+            *(f"--set={s}" for s in SWEEP_SHORT))
+    run = root / "delay=2-seed3"
+    first = sweep_cli(*args)
+    SUBMITTED.extend(job_ids(run))
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "submitted job" in first.stdout
+    wait_for(lambda: sweep_state(run) == "done", "the sweep's SLURM job to finish", timeout=240)
+    again = sweep_cli(*args)
+    assert "starting 0: nothing" in again.stdout and "runs: 1 done" in again.stdout
+    assert json.loads((root / "sweep.json").read_text())["runs"][0]["state"] == "done"
+    assert (run / "launcher" / "job.sbatch").is_file()  # launch.slurm's own batch script ran it

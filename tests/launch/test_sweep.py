@@ -9,7 +9,6 @@ import contextlib
 import csv
 import io
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,11 +17,8 @@ import pytest
 
 from launch.attempts import history
 from launch.sweep import main as sweep_main
-from launch.sweep import state
 from rundir import REPO
 from tests.conftest import env
-from tests.launch.conftest import wait_for
-from tests.launch.test_launch_slurm import JOB_ENV, slurm  # noqa: F401 (the fixture)
 from train.report.__main__ import main as report_main
 
 TINY_SWEEP = REPO / "recipes" / "sweeps" / "tiny-dtp.toml"
@@ -123,30 +119,3 @@ def test_the_dry_run_prints_the_grid_and_each_runs_plan(tmp_path, capsys):
     hours = sum(float(r[-1]) for r in rows.values()) * 2
     assert f"sweep total: 4 runs, {hours:,.1f} GPU-hours" in out
     assert not root.exists()
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(bool(os.environ.get("PYTEST_XDIST_WORKER")),
-                    reason="under xdist the emulated cluster is test_launch_slurm.py's: its worker's `slurm` fixture "
-                           "starts and stops it, and a second worker's would race it; runs in a serial pytest")
-def test_a_sweep_submits_through_launch_slurm_and_its_run_finishes(slurm, tmp_path):  # noqa: F811
-    one = tmp_path / "one.toml"
-    one.write_text('recipe = "tiny.toml"\nseeds = [3]\nbaseline = { "model.delay" = 2 }\n[vary]\n'
-                   "model.delay = [2]\n")
-    root = tmp_path / "one"
-    args = (str(one), f"--root={root}", "--slurm", "--nodes=1", "--gpus-per-node=0", "--nproc-per-node=1",
-            "--slurm-arg=--no-exclusive", *(f"--slurm-arg={e}" for e in JOB_ENV), *(f"--set={s}" for s in SHORT))
-    run = root / "delay=2-seed3"
-    try:
-        first = sweep_cli(*args)
-        assert first.returncode == 0, first.stdout + first.stderr
-        assert "submitted job" in first.stdout
-        wait_for(lambda: state(run) == "done", "the sweep's SLURM job to finish", timeout=240)
-        again = sweep_cli(*args)
-        assert "starting 0: nothing" in again.stdout and "runs: 1 done" in again.stdout
-        assert json.loads((root / "sweep.json").read_text())["runs"][0]["state"] == "done"
-        assert (run / "launcher" / "job.sbatch").is_file()  # launch.slurm's own batch script ran it
-    finally:
-        jobs = run / "launcher" / "jobs"
-        if jobs.exists():
-            subprocess.run(["scancel", *jobs.read_text().split()], capture_output=True)

@@ -1,7 +1,8 @@
 """The end-of-run summary (train.py's run_summary): its "next" commands do something.
 
 Each suggested ``eval.run`` command is parsed by eval.run itself: it names a task
-(so it gets past "nothing to evaluate") and then stops at the missing checkpoint.
+(so it gets past "nothing to evaluate") and then stops at its missing data (the CORE bundle or
+the EvalPlus releases), which is checked before the checkpoint.
 """
 
 import importlib.util
@@ -51,5 +52,7 @@ def test_the_suggested_eval_command_scores_the_export(tmp_path, capsys, name, se
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "nothing to evaluate" not in err
+    # the inputs are checked before the checkpoint is opened: the missing data says so first
     assert (f"{tmp_path}: --evalplus-data: no HumanEvalPlus.jsonl.gz" if "--evalplus" in tasks
-            else f"{export}: neither a DCP checkpoint") in err
+            else "CORE bundle core_bundle: no tasks.csv (no such folder); get the bundle with "
+                 "python -m eval.core_data fetch DIR") in err
