@@ -136,6 +136,7 @@ COMMANDS: dict[str, Here | str] = {
     "python -m bench.checkpoint": BENCH,
     "python -m bench.dataloader": BENCH,
     "python -m bench.step_overhead": BENCH,
+    "python -m bench.compile_cache": "a benchmark (three compiled launches, minutes); its figures are in bench/README.md",
     # --- from zero to a phase-1 run ---
     "make setup": "this suite runs in the environment it makes (CI runs make test on a clean clone)",
     "make test": "this suite itself (CI runs it on a clean clone)",
@@ -206,3 +207,13 @@ def test_every_readme_command_runs_here_as_documented(work):
             failures.append(f"{readme}\n  ran: {here.command.format(**work)}\n  exit {result.returncode} "
                             f"(documented {here.rc}); expected {here.says!r}\n{out[-1500:]}")
     assert not failures, "\n\n".join(failures)
+
+
+def test_every_test_the_readme_names_exists():
+    """The README's "tested by" and "shown by" columns point at tests/<path>[::name]: each must be there."""
+    missing = []
+    for path, name in re.findall(r"`((?:[\w]+/)+test_\w+\.py)(?:::(\w+))?`", README.read_text()):
+        file = REPO / "tests" / path.removeprefix("tests/")
+        if not file.is_file() or (name and not re.search(rf"^(async )?def {name}\(", file.read_text(), re.M)):
+            missing.append(f"{path}::{name}" if name else path)
+    assert not missing, missing
