@@ -131,6 +131,8 @@ def end(run: Path, job: str, rc: int, crashes_per_day: int = 0, nodes: str = "",
     pinned = set()
     if action == "restart" and cause == "crash":
         pinned = fault_nodes(run, starts[-1].get("logs", {}) if starts else {}, hostnames(nodes)) | down_nodes(nodes)
+    if action == "restart" and cause == "replica mismatch":
+        pinned |= mismatch_nodes(note, hostnames(nodes))
     if action == "restart" and exclude_stragglers:
         pinned |= straggler_nodes(run, starts[-1]["time"] if starts else "", hostnames(nodes))
     if pinned:
@@ -177,6 +179,12 @@ def decide(rc: int, note: dict, before: int, after: int, recent_crashes: int,
         return "fail", cause, (f"{why}; {recent_crashes} crash and stall restarts in the last 24 hours, the recipe's "
                                f"[launch] crashes_per_day: not restarting")
     return "restart", cause, f"{why}; restarting from step {after}"
+
+
+def mismatch_nodes(note: dict, nodes: list[str]) -> set[str]:
+    """The job's nodes train.consistency named as holding a replica that differs (its exit note's
+    ``hosts``): a cluster names a node by its host name; emulated nodes sharing one host match none."""
+    return set(note.get("hosts", ())) & set(nodes)
 
 
 def hostnames(nodelist: str) -> list[str]:

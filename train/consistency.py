@@ -42,9 +42,9 @@ from typing import Iterable
 import torch
 
 from train.exits import Exit, StopRun
+from train.heartbeat import ALERTS_FILE  # one file of alerts for people, one owner
 
 VERIFIED_FILE = "replicas_verified.json"  # in a checkpoint's step-N dir
-ALERTS_FILE = "alerts.jsonl"  # in the run dir
 BITFLIP_ENV = "LANEFORMER_TEST_BITFLIP"
 _WORDS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 

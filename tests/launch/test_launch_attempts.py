@@ -210,3 +210,14 @@ def test_a_step_the_loop_already_checkpointed_is_not_saved_again(hook):
     with pytest.raises(Preempted):
         hook.after_step(trainer)
     assert trainer.saves == [] and trainer.waits == 1  # an async save in flight is waited for
+
+
+def test_a_replica_mismatch_excludes_the_node_the_check_named():
+    """train.consistency's exit note names the odd rank's host; the requeue leaves that node out
+    (with 2 replicas, where no majority exists, both holders)."""
+    from launch.attempts import mismatch_nodes
+
+    assert mismatch_nodes({"code": 6, "hosts": ["gpu042"]}, ["gpu017", "gpu042", "gpu101"]) == {"gpu042"}
+    assert mismatch_nodes({"code": 6, "hosts": ["gpu017", "gpu042"]}, ["gpu017", "gpu042"]) == {"gpu017", "gpu042"}
+    assert mismatch_nodes({"code": 6, "hosts": ["laptop"]}, ["lfnode1", "lfnode2"]) == set()  # emulated nodes
+    assert attempts.decide(6, {"code": 6, "step": 3, "hosts": ["gpu042"]}, 0, 2, 0, 8)[:2] == ("restart", "replica mismatch")
