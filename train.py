@@ -119,16 +119,21 @@ def report_line(run: Path, written: bool = True) -> str:
     return f"report: {page}" if page.exists() else f"report: not written (see {report_dir(run) / 'refresh.log'})"
 
 
-def as_one_rank() -> None:
+def as_one_rank() -> str | None:
     """Plain ``python train.py`` runs as the one rank of ``torchrun --nproc-per-node 1`` would: torchtitan
-    needs torchrun's environment (LOCAL_RANK, a rendezvous address), so give it that, on a free port."""
+    needs torchrun's environment (LOCAL_RANK, a rendezvous address), so give it that, on a free port.
+    Returns why it cannot: several SLURM tasks without torchrun would each train alone in one run dir."""
     if "RANK" in os.environ:  # started by torchrun (or SLURM through it): its world stands
-        return
+        return None
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        return (f"{os.environ['SLURM_NTASKS']} SLURM tasks started train.py without torchrun; each would train "
+                "alone in the same run dir. Use python -m launch.slurm submit (a torchrun agent per node)")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    return None
 
 
 def main(argv=None) -> int:
@@ -189,7 +194,9 @@ def main(argv=None) -> int:
     from train.build import trainer_config, wandb_env
     from train.snapshot import record_launch
 
-    as_one_rank()
+    if alone := as_one_rank():  # before anything is written
+        print(f"error: {alone}", file=sys.stderr)
+        return Exit.BAD_INPUT
     init_logger()
     for name, value in wandb_env(recipe).items():
         os.environ.setdefault(name, value)

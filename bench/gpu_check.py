@@ -23,7 +23,7 @@ Four checks, a table, and ``gpu_check.json``:
    The planner runs in subprocesses on the CPU while the GPU works.
 4. ``bench.lanes_vs_dense`` at the 100M shape, compiled (its ratio).
 
-On a machine without a GPU it says that nothing was checked and exits 2. ``--cpu-check`` runs
+On a machine without a GPU it says that nothing was checked and exits 1. ``--cpu-check`` runs
 every check on the tiny flavor on CPU in fp32 at small sizes, to test the
 script: flex has no CPU backward, so check 1 runs forward only, and check 3
 trains eagerly through ``bench.common`` (``bench.gpu_throughput`` is GPU only)
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cpu and not torch.cuda.is_available():
         print("gpu_check: error: no CUDA GPU found, so nothing was checked. This is the GPU acceptance script: "
               "run it on one H100 or H200 (or pass --cpu-check to exercise its code path on CPU).", file=sys.stderr)
-        return 2
+        return 1  # the machine, not the input (README: 2 bad input, 1 the environment)
     sizes, dev = (CPU, torch.device("cpu")) if cpu else (GPU, torch.device("cuda"))
     name = "cpu (code-path check only)" if cpu else torch.cuda.get_device_name()
     gpu = gpu_kind("" if cpu else name)

@@ -262,7 +262,7 @@ def main(argv=None) -> int:
         return submit(args)
     if not launcher_dir(args.run).is_dir():
         print(f"error: {args.run} is not a run dir started with launch.slurm or launch.local", file=sys.stderr)
-        return 1
+        return 2  # bad input
     if args.command == "status":
         print(status(args.run))
         return 0

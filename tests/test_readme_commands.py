@@ -128,7 +128,7 @@ COMMANDS: dict[str, Here | str] = {
     "python -m train.report runs/sweeps/dtp": "tests/launch/test_sweep.py compares the tiny sweep it ran",
     "python -m launch.local --recipe tiny.toml --nproc 2 [--set ...]": "tests/launch/test_launch_local.py runs it "
         "(2 ranks; a preemption, a crash and a stalled rank, each resumed with the same losses)",
-    "python -m bench.gpu_check": Here("python -m bench.gpu_check --out {tmp}/gpu_check.json", rc=2,
+    "python -m bench.gpu_check": Here("python -m bench.gpu_check --out {tmp}/gpu_check.json", rc=1,
                                       says="no CUDA GPU found, so nothing was checked"),
     # --- benchmarks ---
     "python -m bench.lanes_vs_dense --flavors 100M --modes compiled --steps 15": BENCH,

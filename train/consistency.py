@@ -33,6 +33,7 @@ flips one bit of that rank's first parameter shard after that step's optimizer u
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 from datetime import datetime, timezone
@@ -140,7 +141,8 @@ class ReplicaCheck:
         shards = [i for i, group in enumerate(self.groups) if any(r in group for r in odd)]
         what = sorted({("parameters", "optimizer state")[k] for g in shards for k in range(2)
                        if len({sums[r][k] for r in self.groups[g]}) > 1})
-        majority = all(len(self.groups[g]) > 2 for g in shards)
+        # vote() names every holder of a shard whose copies have no strict majority
+        majority = all(sum(r in odd for r in self.groups[g]) < len(self.groups[g]) for g in shards)
         who = "the odd one" if majority else f"no majority among {len(self.groups[shards[0]])} replicas, the holders"
         text = (f"replica mismatch after step {step}: the copies of shard {', '.join(map(str, shards))} differ in "
                 f"{' and '.join(what)}; {who}: {'; '.join(where)}. Nothing was saved; restart from the latest "
@@ -176,7 +178,8 @@ def plan_lines(nparams: int, replicate: int, shard: int, every: int, interval: i
                 "to compare); HSDP ([parallel] replicate > 1) gives it"]
     read = 12 * nparams / shard
     check_s = read / (dram_gbs * 1e9)
-    per_step = check_s * ((1 / every if every else 0) + 1 / interval)
+    # distinct check steps: a save on a periodic check's step is checked once (ReplicaCheck.verified_step)
+    per_step = check_s * ((1 / every + 1 / interval - 1 / math.lcm(every, interval)) if every else 1 / interval)
     when = f"every {every} steps and before each save" if every else "before each save"
     return [f"replica check ({replicate} replicas of {shard} shards): {read / 1e9:.2f} GB read per rank, "
             f"{check_s * 1e3:.2f} ms per check + one all-gather of 16 B per rank; {when} (checkpoint interval "

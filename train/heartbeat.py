@@ -39,7 +39,7 @@ import socket
 import time
 from pathlib import Path
 
-from rundir import launcher_dir
+from rundir import launcher_dir, read_jsonl
 
 STACKS_SIGNAL = signal.SIGUSR2
 RECORD_BYTES = 2048  # every beat overwrites the same bytes: no truncate, no torn length
@@ -125,6 +125,5 @@ def summary(beats: list[dict]) -> dict:
 
 
 def read_alerts(run: Path) -> list[dict]:
-    """``<run>/alerts.jsonl``, oldest first."""
-    path = Path(run) / ALERTS_FILE
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    """``<run>/alerts.jsonl``, oldest first (a line rank 0 is still appending is left out)."""
+    return read_jsonl(Path(run) / ALERTS_FILE)

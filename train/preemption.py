@@ -70,6 +70,11 @@ class PreemptionHook(Hook, Configurable):
         catch_signals()
         self._group = None
 
+    @property
+    def phase(self) -> str:
+        """A preemption saves a checkpoint: the watchdog allows it a checkpoint's time."""
+        return "checkpoint"
+
     def _anyone_requested(self) -> bool:
         if not (dist.is_initialized() and dist.get_world_size() > 1):
             return _requested

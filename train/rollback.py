@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rundir import is_complete, step_number
+from rundir import is_complete, read_jsonl, step_number
 
 if TYPE_CHECKING:
     from train.trainer import LaneformerTrainer
@@ -92,6 +92,5 @@ def roll_back(trainer: LaneformerTrainer, spikes: tuple[int, ...]) -> dict | Non
 
 
 def read_rollbacks(run: Path) -> list[dict]:
-    """The rollbacks of a run dir, oldest first."""
-    path = Path(run) / ROLLBACKS_FILE
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    """The rollbacks of a run dir, oldest first (a line cut by a kill is left out)."""
+    return read_jsonl(Path(run) / ROLLBACKS_FILE)

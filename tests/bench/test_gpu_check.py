@@ -21,9 +21,9 @@ def run(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
 
 
 @cpu_only
-def test_without_gpu_says_nothing_was_checked_and_exits_2(tmp_path):
+def test_without_gpu_says_nothing_was_checked_and_exits_1(tmp_path):
     result = run("--out", str(tmp_path / "g.json"))
-    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.returncode == 1, result.stderr[-2000:]
     assert "no CUDA GPU found, so nothing was checked" in result.stderr and "--cpu-check" in result.stderr
     assert not (tmp_path / "g.json").exists()
 

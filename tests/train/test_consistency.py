@@ -48,8 +48,11 @@ def test_the_planned_cost_per_step_at_192_gpus():
     nparams, step_s = 2_320_069_632, 0.85
     read = 12 * nparams / 8  # 3.48 GB
     per_check = read / 4800e9  # 0.725 ms
-    [line] = plan_lines(nparams, 24, 8, 100, 2000, 4800.0, step_s)
-    assert "(24 replicas of 8 shards): 3.48 GB read per rank, 0.73 ms per check" in line
-    per_step = per_check * (1 / 100 + 1 / 2000)
-    assert f"{per_step * 1e3:.3f} ms per step ({per_step / step_s:.4%} of the step)" in line
+    for every, interval in ((100, 2000), (100, 100), (300, 200)):
+        [line] = plan_lines(nparams, 24, 8, every, interval, 4800.0, step_s)
+        assert "(24 replicas of 8 shards): 3.48 GB read per rank, 0.73 ms per check" in line
+        # counted by hand: the steps of 6,000 that check (a periodic check, a save, or both: once)
+        checks = len({s for s in range(1, 6001) if s % every == 0 or s % interval == 0})
+        per_step = per_check * checks / 6000
+        assert f"{per_step * 1e3:.3f} ms per step ({per_step / step_s:.4%} of the step)" in line, line
     assert "cannot run: replicate = 1" in plan_lines(nparams, 1, 192, 100, 2000, 4800.0, step_s)[0]

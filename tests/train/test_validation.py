@@ -214,3 +214,15 @@ def test_the_local_launcher_refuses_before_it_records_a_launch(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"[checkpoint] init_from: {tmp_path / 'p1'} does not exist" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_srun_without_torchrun_is_refused_before_anything_is_written(tmp_path):
+    """Plain ``python train.py`` is one rank; several SLURM tasks so started would each train alone in
+    one run dir: refused, with the command to use."""
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), "--recipe", "tiny.toml",
+                             "--set", f"run.output_dir={tmp_path / 'run'}"], cwd=REPO,
+                            env={**env(), "SLURM_NTASKS": "4"}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "4 SLURM tasks started train.py without torchrun" in result.stderr
+    assert "python -m launch.slurm submit" in result.stderr
+    assert not (tmp_path / "run").exists()
