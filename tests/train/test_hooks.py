@@ -10,6 +10,7 @@ from train.export_hook import ExportHook
 from train.hooks import Hook, LogSourceTokens, in_order
 from train.preemption import PreemptionHook
 from train.report_hook import ReportHook
+from train.straggler import StragglerHook
 
 
 def test_hooks_run_higher_priority_first_and_keep_the_given_order_among_equals():
@@ -31,4 +32,4 @@ def test_a_runs_hooks_log_tokens_first_and_preempt_last(tmp_path):
     recipe = R.load("tiny.toml", [f"run.output_dir={tmp_path}", "checkpoint.export_hf=true"])
     hooks = in_order([LogSourceTokens(), *(h.build() for h in trainer_config(recipe).hooks)])
     kinds = [type(h) for h in hooks]
-    assert kinds == [LogSourceTokens, EvalHook, ExportHook, ReportHook, PreemptionHook]
+    assert kinds == [LogSourceTokens, StragglerHook, EvalHook, ExportHook, ReportHook, PreemptionHook]
