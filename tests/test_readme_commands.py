@@ -79,13 +79,10 @@ COMMANDS: dict[str, Here | str] = {
         "the --plot row below runs the same plan of the 2B; tests/train/test_plan.py runs --sweep, --ops and --json",
     "torchrun -m torchtitan.train --module train --config laneformer_tiny":
         "tests/train/test_train.py::test_torchtitans_own_entry_point_runs_the_registered_config runs it (2 steps)",
-    "torchrun ... train.py --recipe phase2.toml":
-        Here("python train.py --recipe tiny-phase2.toml --set checkpoint.init_from={run} --set run.output_dir={tmp}/p2 "
-             "--set training.steps=2 --set schedule.warmup_steps=1 --set logging.interval=1 --set eval.every=0 "
-             "--set eval.at_end=false --set logging.report=false --set logging.wandb_mode='\"disabled\"'",
-             says="final loss: "),
+    "torchrun ... train.py --recipe phase2.toml": "tests/train/test_train.py::test_phase2_starts_from_phase1_weights "
+                                                  "runs tiny-phase2 from a tiny run's checkpoint",
     "python -m train.report runs/NAME [runs/OTHER ...] [--out DIR] [--plan-gpu h100 --gpus 192]":
-        Here("python -m train.report {run} {tmp}/p2 --out {tmp}/report", says="report.html"),
+        Here("python -m train.report {run} --out {tmp}/report", says="report.html"),
     "python train.py --recipe phase1.toml --plan --gpus 192 --plot plan.png":
         Here("python train.py --recipe phase1.toml --plan --gpus 192 --plot {tmp}/plan.png",
              says="peak memory per GPU: 58.76 GiB of 79.6 GiB (fits)"),
