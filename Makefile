@@ -23,8 +23,8 @@ train: setup
 	$(VENV)/bin/torchrun --standalone --nproc-per-node 1 train.py
 
 # Two pytest-xdist workers, each running whole test files: one worker's single-process tests fill
-# the core the other's leave idle (17:00 serially; 11:13 to 14:47 on 2 cores, as this machine's
-# speed drifts). A file stays on one worker, so its module fixtures are made once and the SLURM
+# the core the other's leave idle (16:21 on 2 cores with round 4's real-fault tests; 11:13 to 14:47
+# before them, as this machine's speed drifts). A file stays on one worker, so its module fixtures are made once and the SLURM
 # tests never share the two emulated nodes. Not loadgroup: it stops grouping on pytest 9.2
 # (pytest-dev/pytest-xdist#1386). Files go out in collection order, so the multi-process ones
 # (e2e, launch) do not all come last and leave one worker idle at the end.
