@@ -159,6 +159,27 @@ def reference_losses(tmp_path_factory) -> dict[int, float]:
     return losses(run)
 
 
+def checkpoint_tensors(step_dir: Path) -> dict[str, "torch.Tensor"]:
+    """Every tensor of a DCP checkpoint (model, optimizer moments, ...) by its dotted name, read back
+    through DCP's own ``dcp_to_torch_save`` (a .pt written beside the run dir, not inside it)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    run = Path(step_dir).parent.parent
+    out = run.parent / f"{run.name}-{Path(step_dir).name}.pt"
+    dcp_to_torch_save(step_dir, out)
+    flat = {}
+
+    def walk(prefix, value):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}{k}.", v)
+        elif isinstance(value, torch.Tensor):
+            flat[prefix.rstrip(".")] = value
+
+    walk("", torch.load(out, weights_only=False))
+    return flat
+
+
 # --- a random tiny model (tests/train, tests/data, tests/eval, tests/e2e) ---
 
 def tiny_random_model(seed: int = 0):

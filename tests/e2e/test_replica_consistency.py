@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from rundir import REPO
-from tests.conftest import env, train_command
+from tests.conftest import checkpoint_tensors, env, train_command
 from train.consistency import ALERTS_FILE, VERIFIED_FILE
 from train.exits import EXIT_FILE_ENV, Exit
 
@@ -43,24 +43,6 @@ def launch(run, nproc, *extra, bitflip=None):
     result = subprocess.run(train_command("tiny.toml", *sets(run, *extra), nproc=nproc), cwd=REPO, env=environment,
                             capture_output=True, text=True, timeout=600)
     return result, (json.loads(note.read_text()) if note.exists() else {})
-
-
-def tensors(step_dir) -> dict[str, torch.Tensor]:
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    out = step_dir.parent.parent / f"{step_dir.parent.parent.name}-{step_dir.name}.pt"
-    dcp_to_torch_save(step_dir, out)
-    flat = {}
-
-    def walk(prefix, value):
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(f"{prefix}{k}.", v)
-        elif isinstance(value, torch.Tensor):
-            flat[prefix.rstrip(".")] = value
-
-    walk("", torch.load(out, weights_only=False))
-    return flat
 
 
 HSDP = ("parallel.shard=2", "parallel.replicate=3")
@@ -91,7 +73,7 @@ def test_a_flipped_bit_is_caught_before_the_save_and_the_run_resumes_from_the_ve
     assert note["code"] == Exit.DONE and not (clean / ALERTS_FILE).exists()
     assert all((clean / "checkpoints" / f"step-{s}" / VERIFIED_FILE).is_file() for s in (2, 4))
     for step in (2, 4):
-        got, want = tensors(checkpoints / f"step-{step}"), tensors(clean / "checkpoints" / f"step-{step}")
+        got, want = checkpoint_tensors(checkpoints / f"step-{step}"), checkpoint_tensors(clean / "checkpoints" / f"step-{step}")
         assert got.keys() == want.keys() and any("exp_avg_sq" in k for k in got)  # model and AdamW state
         assert [k for k in want if not torch.equal(got[k], want[k])] == [], step
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import models.laneformer.model as M
-from tests.conftest import losses, short, train
+from tests.conftest import checkpoint_tensors, losses, short, train
 
 # ---- the custom autograd functions in bf16 --------------------------------------------------
 
@@ -135,25 +135,6 @@ def _sets(tmp_path, *extra):
                  *extra)
 
 
-def _all_tensors(step_dir) -> dict[str, torch.Tensor]:
-    """Every tensor of a DCP checkpoint (model, optimizer moments, ...), read back through torch.save."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    out = step_dir.parent / f"{step_dir.name}.pt"
-    dcp_to_torch_save(step_dir, out)
-    state, flat = torch.load(out, weights_only=False), {}
-
-    def walk(prefix, value):
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(f"{prefix}{k}.", v)
-        elif isinstance(value, torch.Tensor):
-            flat[prefix.rstrip(".")] = value
-
-    walk("", state)
-    return flat
-
-
 @pytest.fixture(scope="module")
 def bf16_run(tmp_path_factory):
     """4 steps of tiny in bf16 mixed precision on one rank, checkpoints at 2 and 4, exported to HF."""
@@ -174,7 +155,7 @@ def test_a_bf16_run_trains_within_1_percent_of_the_fp32_run(bf16_run, tmp_path):
     assert all(abs(bf16[s] - fp32[s]) <= 0.01 * fp32[s] for s in fp32), (bf16, fp32)
     assert bf16[STEPS] < bf16[1] - 0.3  # and it learns
     # Mixed precision, not bf16 weights: the master weights and moments are saved in fp32.
-    saved = _all_tensors(bf16_run / "checkpoints" / f"step-{STEPS}")
+    saved = checkpoint_tensors(bf16_run / "checkpoints" / f"step-{STEPS}")
     weights = [v for k, v in saved.items() if k.endswith("feed_forward.w2.weight")]
     assert weights and all(v.dtype == torch.float32 for v in weights)
 
@@ -188,7 +169,7 @@ def test_a_bf16_run_resumed_from_a_checkpoint_is_bit_equal(bf16_run, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Training starts at step 3" in result.stdout
     assert losses(run) == losses(bf16_run)  # exact, every step (1 and 2 from the first run's log)
-    got, want = (_all_tensors(r / "checkpoints" / f"step-{STEPS}") for r in (run, bf16_run))
+    got, want = (checkpoint_tensors(r / "checkpoints" / f"step-{STEPS}") for r in (run, bf16_run))
     assert got.keys() == want.keys() and len(got) > 2 * 40  # model and both AdamW moments
     assert all(torch.equal(got[k], want[k]) for k in want), [k for k in want if not torch.equal(got[k], want[k])]
 

@@ -35,6 +35,15 @@ def page(runs: list[Run], headers: list[list[tuple[str, str]]], figures: list[Fi
         parts.append(f"<h2>{html.escape(run.name)} <span class='note'>{html.escape(str(run.path))}</span></h2>")
         parts.append("<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
                                          for k, v in head) + "</table>")
+    parts += figure_sections(figures)
+    parts.append(data_script({f.name: f.data for f in figures if f.data}))
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def figure_sections(figures: list[Figure]) -> list[str]:
+    """A section per figure: its title, its PNG (when it drew anything) and its note."""
+    parts = []
     for f in figures:
         parts.append(f"<section id='{f.name}'><h2>{html.escape(f.title)}</h2>")
         if f.data:
@@ -42,11 +51,13 @@ def page(runs: list[Run], headers: list[list[tuple[str, str]]], figures: list[Fi
         if f.note:
             parts.append(f"<p class='note'>{html.escape(f.note)}</p>")
         parts.append("</section>")
-    data = _finite({f.name: f.data for f in figures if f.data})
-    blob = json.dumps(data, allow_nan=False).replace("</", "<\\/")  # safe inside <script>
-    parts.append(f"<script type='application/json' id='report-data'>{blob}</script>")
-    parts.append("</body></html>\n")
-    return "\n".join(parts)
+    return parts
+
+
+def data_script(data: dict) -> str:
+    """The numbers the page shows, as the JSON a tool or test reads (``id="report-data"``)."""
+    blob = json.dumps(_finite(data), allow_nan=False).replace("</", "<\\/")  # safe inside <script>
+    return f"<script type='application/json' id='report-data'>{blob}</script>"
 
 
 def _finite(value):

@@ -225,7 +225,7 @@ def write_sweep_report(folder: Path, out: Path | None = None) -> tuple[Path, lis
 
 
 def sweep_page(name: str, runs: list[SweepRun], c: Comparison, lines: list[str], out: Path) -> str:
-    from train.report.page import STYLE, _finite
+    from train.report.page import STYLE, data_script, figure_sections
 
     figures = sweep_figures(runs, out)
     table = "<table><tr>" + "".join(f"<th>{f}</th>" for f in SUMMARY_FIELDS) + "</tr>" + "".join(
@@ -238,17 +238,8 @@ def sweep_page(name: str, runs: list[SweepRun], c: Comparison, lines: list[str],
              f"<style>{STYLE}</style></head><body><h1>sweep {html.escape(name)}</h1>",
              "<pre>" + html.escape("\n".join(lines)) + "</pre>", "<h2>summary</h2>", table,
              "<h2>runs</h2>", runs_table]
-    for f in figures:
-        parts.append(f"<section id='{f.name}'><h2>{html.escape(f.title)}</h2>")
-        if f.data:
-            parts.append(f"<figure><img src='{f.name}.png' alt='{html.escape(f.title)}'></figure>")
-        if f.note:
-            parts.append(f"<p class='note'>{html.escape(f.note)}</p>")
-        parts.append("</section>")
-    blob = json.dumps(_finite({"summary": c.summary, "runs": c.rows,
-                               **{f.name: f.data for f in figures if f.data}}), allow_nan=False)
-    blob = blob.replace("</", "<\\/")  # safe inside <script>, as train.report.page does
-    parts.append(f"<script type='application/json' id='report-data'>{blob}</script>")
+    parts += figure_sections(figures)
+    parts.append(data_script({"summary": c.summary, "runs": c.rows, **{f.name: f.data for f in figures if f.data}}))
     return "\n".join(parts) + "\n</body></html>\n"
 
 
