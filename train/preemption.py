@@ -70,11 +70,6 @@ class PreemptionHook(Hook, Configurable):
         catch_signals()
         self._group = None
 
-    @property
-    def phase(self) -> str:
-        """A preemption saves a checkpoint: the watchdog allows it a checkpoint's time."""
-        return "checkpoint"
-
     def _anyone_requested(self) -> bool:
         if not (dist.is_initialized() and dist.get_world_size() > 1):
             return _requested
@@ -88,6 +83,9 @@ class PreemptionHook(Hook, Configurable):
         if not self._anyone_requested() or trainer.step >= trainer.config.training.steps:
             return  # on the last step the loop's own final save follows
         checkpointer = trainer.checkpointer
+        # only now a checkpoint phase, with its longer allowance (train.heartbeat): the per-step agreement
+        # above stays this hook's own phase, so a heartbeat is not rewritten at every step
+        trainer.heartbeat.beat("checkpoint")
         if checkpointer._should_save(trainer.step):  # the loop saved this step: the same answer on every rank
             logger.warning(f"preemption requested: step {trainer.step} is checkpointed; exiting")
             checkpointer.maybe_wait_for_saving()  # an async save: until it is on disk

@@ -144,8 +144,9 @@ class FakeTrainer:
     """The slice of LaneformerTrainer the hook uses; saves are recorded."""
 
     def __init__(self, steps=10, on_save=None, interval=1000):
-        self.step, self.device, self.saves, self.waits = 0, torch.device("cpu"), [], 0
+        self.step, self.device, self.saves, self.waits, self.phases = 0, torch.device("cpu"), [], 0, []
         self.config = SimpleNamespace(training=SimpleNamespace(steps=steps))
+        self.heartbeat = SimpleNamespace(beat=self.phases.append)  # the phases the hook enters (train.heartbeat)
 
         def save(step, last_step=False):
             self.saves.append((step, last_step))
@@ -181,6 +182,7 @@ def test_a_signal_during_the_step_saves_at_that_step_and_exits_75(hook):
     with pytest.raises(Preempted) as stop:
         hook.after_step(trainer)
     assert trainer.saves == [(4, True)]  # last_step=True: torchtitan's forced, synchronous save
+    assert trainer.phases == ["checkpoint"]  # the save, not the per-step agreement, gets a checkpoint's allowance
     assert stop.value.code == Exit.PREEMPTED == 75 and stop.value.step == 4
 
 
