@@ -11,8 +11,17 @@ a SLURM batch script can use it::
     <run>/evals/step-<N>.json         in-loop evaluations
     <run>/checkpoints/step-<N>/       DCP checkpoints; complete once ``.metadata`` exists
     <run>/launches/<n>/               per-launch snapshot (commit, diff, packages, code)
-    <run>/launcher/                   attempts.jsonl, exit.json, the frozen recipe
+    <run>/launcher/                   attempts.jsonl, exit.json, the frozen recipe, logs/
+    <run>/launcher/heartbeat/         each rank's heartbeat and stack dump
+    <run>/alerts.jsonl                what the ranks flag for people (stragglers, replica mismatches)
+    <run>/rollbacks.jsonl             spike rollbacks
+    <run>/stalls/<attempt>/           a stalled launch's stacks and stall.json
+    <run>/report/report.html          the run report
     <run>/hf/                         the end-of-run Hugging Face export (default)
+    <sweep>/sweep.json, <sweep>/runs/ a sweep dir: its record and its runs
+
+Every file name under a run dir or a sweep dir is defined here, once, and imported by
+its writers and readers alike (tests/rundir/test_names.py holds the rest of the repo to it).
 
 It also holds what every entry point shares: the repo root (``REPO``) and the
 one ``--set key=value`` grammar (``parse_set``) of train.py, convert and
@@ -38,6 +47,24 @@ CHECKPOINTS_DIR = "checkpoints"
 LAUNCHER_DIR = "launcher"
 LAUNCHES_DIR = "launches"
 EXPORT_DIR = "hf"  # the end-of-run Hugging Face export, unless [checkpoint] export_dir says otherwise
+TENSORBOARD_DIR = "tensorboard"
+COMPILE_CACHE_DIR = "compile_cache"  # [run] compile_cache's default
+ALERTS_FILE = "alerts.jsonl"
+ROLLBACKS_FILE = "rollbacks.jsonl"
+STALLS_DIR = "stalls"
+STALL_FILE = "stall.json"  # in stalls/<attempt>/
+REPORT_DIR = "report"
+REPORT_PAGE = "report.html"  # in report/
+REPORT_LOG = "refresh.log"  # in report/: the in-run refresh's output
+VERIFIED_FILE = "replicas_verified.json"  # in a checkpoint's step-N dir: its replicas were compared
+# under launcher/
+ATTEMPTS_FILE = "attempts.jsonl"
+EXIT_FILE = "exit.json"
+HEARTBEAT_DIR = "heartbeat"
+LOGS_DIR = "logs"
+# a sweep dir
+SWEEP_FILE = "sweep.json"
+SWEEP_RUNS_DIR = "runs"
 
 _STEP = re.compile(r"step-(\d+)")
 
@@ -158,7 +185,34 @@ def launcher_dir(run: Path) -> Path:
 
 def exit_file(run: Path) -> Path:
     """Where train.py writes why it stopped (the launchers set ``$LANEFORMER_EXIT_FILE`` to it)."""
-    return launcher_dir(run) / "exit.json"
+    return launcher_dir(run) / EXIT_FILE
+
+
+def attempts_file(run: Path) -> Path:
+    """Every start and end of a launch (launch.attempts writes it; goodput and status read it)."""
+    return launcher_dir(run) / ATTEMPTS_FILE
+
+
+def heartbeat_dir(run: Path) -> Path:
+    """Each rank's ``rank-<R>.json`` heartbeat and ``rank-<R>.stacks`` dump (train.health.heartbeat)."""
+    return launcher_dir(run) / HEARTBEAT_DIR
+
+
+def alerts_file(run: Path) -> Path:
+    return Path(run) / ALERTS_FILE
+
+
+def rollbacks_file(run: Path) -> Path:
+    return Path(run) / ROLLBACKS_FILE
+
+
+def stall_dir(run: Path, attempt: str) -> Path:
+    """Where the watchdog puts a stalled launch's stacks and ``stall.json``."""
+    return Path(run) / STALLS_DIR / attempt
+
+
+def report_dir(run: Path) -> Path:
+    return Path(run) / REPORT_DIR
 
 
 def model_config_file(path: Path) -> Path:
