@@ -35,7 +35,7 @@ from train.cpu import use_cpu_if_no_gpu
 use_cpu_if_no_gpu()  # before torchtitan builds anything
 
 from train.exits import Exit, StopRun, note_exit  # noqa: E402
-from train.preemption import Preempted, catch_signals  # noqa: E402
+from train.health.preemption import Preempted, catch_signals  # noqa: E402
 
 catch_signals()  # as early as possible: an uncaught SIGUSR1 kills a rank without a checkpoint
 

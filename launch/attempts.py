@@ -44,8 +44,8 @@ from pathlib import Path
 import rundir
 from rundir import exit_file, latest_complete_step, launcher_dir
 from train.exits import Exit
-from train.heartbeat import heartbeat_dir, read_alerts, read_beats, summary
-from train.storage import NoSpace, free_bytes, is_out_of_space
+from train.health.heartbeat import heartbeat_dir, read_alerts, read_beats, summary
+from train.health.storage import NoSpace, free_bytes, is_out_of_space
 
 # A rank that died of one of these was killed by the node (OOM killer, bad memory, a crash
 # in native code), not told to stop; torchrun logs "failed (exitcode: -N) local_rank: ...".
@@ -114,7 +114,7 @@ def end(run: Path, job: str, rc: int, crashes_per_day: int = 0, nodes: str = "",
         exclude_stragglers: bool = False) -> dict:
     """Record how the last start of ``job`` ended, decide what comes next, and which nodes
     to exclude from a requeue (those the crash is pinned to, with ``exclude_stragglers`` the
-    nodes train.straggler named during the start, plus the job's earlier exclusions)."""
+    nodes train.health.straggler named during the start, plus the job's earlier exclusions)."""
     events = history(run)
     starts = [e for e in events if e["event"] == "start" and e["job"] == job]
     day_ago = datetime.now(timezone.utc) - timedelta(days=1)
@@ -127,7 +127,7 @@ def end(run: Path, job: str, rc: int, crashes_per_day: int = 0, nodes: str = "",
     before, after = (starts[-1]["step"] if starts else 0), checkpoint_step(run)
     action, cause, why = decide(rc, note, before, after, recent, crashes_per_day)
     event = {"event": "end", "job": job, "rc": rc, "step": after, "action": action, "cause": cause, "why": why,
-             "summary": summary(read_beats(run))}  # for train.goodput: begin() removes the beats
+             "summary": summary(read_beats(run))}  # for train.health.goodput: begin() removes the beats
     pinned = set()
     if action == "restart" and cause == "crash":
         pinned = fault_nodes(run, starts[-1].get("logs", {}) if starts else {}, hostnames(nodes)) | down_nodes(nodes)
@@ -165,7 +165,7 @@ def decide(rc: int, note: dict, before: int, after: int, recent_crashes: int,
             return "fail", "no space", f"no space for a checkpoint{message}; not restarting"
         case Exit.PREEMPTED:
             cause, why = "preempted", f"preempted; checkpointed at step {note.get('step', after)}"
-        case Exit.REPLICA_MISMATCH:  # train.consistency: nothing saved; resumed from the latest verified checkpoint
+        case Exit.REPLICA_MISMATCH:  # train.health.consistency: nothing saved; resumed from the latest verified checkpoint
             hosts = f" on {', '.join(note['hosts'])}" if note.get("hosts") else ""
             cause, why = "replica mismatch", f"replicas differed after step {note.get('step', '?')}{hosts}"
         case Exit.CRASH if note.get("reason") == "stall":  # launch.watchdog's note
@@ -182,7 +182,7 @@ def decide(rc: int, note: dict, before: int, after: int, recent_crashes: int,
 
 
 def mismatch_nodes(note: dict, nodes: list[str]) -> set[str]:
-    """The job's nodes train.consistency named as holding a replica that differs (its exit note's
+    """The job's nodes train.health.consistency named as holding a replica that differs (its exit note's
     ``hosts``): a cluster names a node by its host name; emulated nodes sharing one host match none."""
     return set(note.get("hosts", ())) & set(nodes)
 
@@ -218,7 +218,7 @@ def fault_nodes(run: Path, offsets: dict[str, int], nodes: list[str] = ()) -> se
 
 
 def straggler_nodes(run: Path, since: str, nodes: list[str]) -> set[str]:
-    """Nodes of the job that train.straggler named since ``since`` (ISO time): an alert's host is the
+    """Nodes of the job that train.health.straggler named since ``since`` (ISO time): an alert's host is the
     rank's host name, a node's name where hosts and nodes are one (not for emulated nodes on one host)."""
     named = {a["host"].split(".")[0] for a in read_alerts(run) if a.get("kind") == "straggler" and a["time"] >= since}
     return named & set(nodes)

@@ -30,7 +30,7 @@ from launch.watchdog import Limits, Watchdog, attempt_name
 from rundir import REPO, exit_file
 from train import recipe as R
 from train.exits import EXIT_FILE_ENV, Exit
-from train.storage import NoSpace
+from train.health.storage import NoSpace
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -15,7 +15,7 @@ What it does, and why each piece is there:
   pinned to a node requeues with that node added to the job's ExcNodeList
   (only a pending job can be updated: requeue first, with SIGTERM ignored so
   the requeue's own signal does not cut the update off); with ``[launch]
-  exclude_stragglers`` the nodes train.straggler named are excluded the same way;
+  exclude_stragglers`` the nodes train.health.straggler named are excluded the same way;
 - ``launch.watchdog`` runs beside srun on the first node: a start that makes
   no progress for ``[launch] stall_timeout`` gets its ranks' stacks dumped
   and is killed, and ``launch.attempts end`` records the cause ``stall``;

@@ -22,8 +22,8 @@ preemption and after crashes that followed progress (within the recipe's
 ``[launch] crashes_per_day``); a crash pinned to a node requeues without that
 node, and ``status`` shows the exclusion and why. ``status`` also works for a
 run started with launch.local (its starts and ends), and shows the run's
-goodput and what each cause cost (train.goodput) and the hosts named as
-stragglers (train.straggler).
+goodput and what each cause cost (train.health.goodput) and the hosts named as
+stragglers (train.health.straggler).
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ import sys
 from pathlib import Path
 
 from launch.attempts import checkpoint_step, history, job_info, launcher_dir
-from train.goodput import lines as goodput_lines
+from train.health.goodput import lines as goodput_lines
 from launch.sbatch import Job, render
 from rundir import recorded_recipe
-from train.heartbeat import read_alerts
+from train.health.heartbeat import read_alerts
 from train import recipe as R
 
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUE_HOLD",
@@ -181,7 +181,7 @@ def status(run: Path) -> str:
 
 
 def slow_hosts(run: Path) -> list[str]:
-    """The hosts train.straggler named (``<run>/alerts.jsonl``), with their last alert."""
+    """The hosts train.health.straggler named (``<run>/alerts.jsonl``), with their last alert."""
     last = {a["host"]: a for a in read_alerts(run) if a.get("kind") == "straggler"}
     return ["slow hosts: " + "; ".join(f"{h} (rank {a['rank']} at step {a['step']}: compute check "
                                         f"{a['compute_s'] / a['median_s'] - 1:.0%} over the median, {a['time']})"

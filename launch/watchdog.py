@@ -1,6 +1,6 @@
 """End a job that is up but makes no progress: read the ranks' heartbeats, dump stacks, kill.
 
-The ranks beat as they enter each phase of a step (train/heartbeat.py). A job
+The ranks beat as they enter each phase of a step (train/health/heartbeat.py). A job
 is stalled when the newest beat of any rank is older than the allowance of the
 most lenient phase a rank is in (``[launch]`` keys):
 
@@ -46,7 +46,7 @@ from pathlib import Path
 
 from rundir import exit_file, launcher_dir
 from train.exits import Exit
-from train.heartbeat import LONG_PHASES, STACKS_SIGNAL, heartbeat_dir, read_beats
+from train.health.heartbeat import LONG_PHASES, STACKS_SIGNAL, heartbeat_dir, read_beats
 
 STATES = {"T": "stopped", "D": "in uninterruptible sleep"}  # /proc/<pid>/stat states that cannot dump
 DUMP_WAIT_S = 5.0  # how long the ranks get to write their stacks

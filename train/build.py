@@ -38,11 +38,11 @@ from models.laneformer.checkpoint import open_checkpoint
 from train.cpu import adapt_config
 from train.eval_hook import EvalHook
 from train.export_hook import ExportHook
-from train.preemption import PreemptionHook
-from train.straggler import StragglerHook
+from train.health.preemption import PreemptionHook
+from train.health.straggler import StragglerHook
 from train.recipe import Recipe, RecipeError, check_keys, check_needs, check_value, check_world, dp_degrees
 from train.report_hook import ReportHook
-from train.storage import run_dir_problem
+from train.health.storage import run_dir_problem
 from train.trainer import GuardedOptimizers, LaneformerTrainer, MilestoneCheckpointManager
 
 

@@ -34,7 +34,7 @@ class Hook:
 
     @property
     def phase(self) -> str:
-        """This hook's phase in the rank's heartbeat (train.heartbeat): EvalHook -> ``eval``."""
+        """This hook's phase in the rank's heartbeat (train.health.heartbeat): EvalHook -> ``eval``."""
         return type(self).__name__.removesuffix("Hook").lower()
 
     def after_step(self, trainer: LaneformerTrainer) -> None:

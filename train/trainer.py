@@ -13,7 +13,7 @@
   preemption, the straggler check, the end-of-run export) are
   ``train.hooks.Hook``s, called in priority order after each step's
   checkpoint save and once after training.
-- Each rank beats a heartbeat (``train.heartbeat``) as it enters each phase
+- Each rank beats a heartbeat (``train.health.heartbeat``) as it enters each phase
   of a step and each hook, for the launchers' stall watchdog and goodput.
 """
 
@@ -43,13 +43,13 @@ from torchtitan.tools import utils
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
-from train.consistency import ReplicaCheck, flip_bit, is_verified
-from train.guard import StepGuard
-from train.rollback import due as rollback_due, roll_back
-from train.heartbeat import Heartbeat
+from train.health.consistency import ReplicaCheck, flip_bit, is_verified
+from train.health.guard import StepGuard
+from train.health.rollback import due as rollback_due, roll_back
+from train.health.heartbeat import Heartbeat
 from train.hooks import Hook, LogSourceTokens, MetricsJsonl, in_order
 from train.exits import Exit, StopRun
-from train.storage import NoSpace, checkpoint_bytes, free_bytes, is_out_of_space
+from train.health.storage import NoSpace, checkpoint_bytes, free_bytes, is_out_of_space
 
 
 class GuardedOptimizers(OptimizersContainer):
@@ -228,8 +228,8 @@ class LaneformerTrainer(Trainer):
         spike_sigmas: float = 6.0
         spike_window: int = 100
         max_consecutive_skips: int = 100
-        spike_rollbacks: int = 0  # train.rollback: roll back after this many skips within spike_window steps
-        consistency_every: int = 100  # train.consistency: steps between replica checks (and before every save)
+        spike_rollbacks: int = 0  # train.health.rollback: roll back after this many skips within spike_window steps
+        consistency_every: int = 100  # train.health.consistency: steps between replica checks (and before every save)
         reduce_grads: str = "every_micro_batch"  # train.recipe.REDUCE_GRADS
         compile_cache: str = ""  # TORCHINDUCTOR_CACHE_DIR for this process (train.build.compile_cache)
 
@@ -244,8 +244,8 @@ class LaneformerTrainer(Trainer):
         self.metrics_processor.should_log = lambda step: every_interval(step) or step == config.training.steps
         self.guard = StepGuard(config.spike_sigmas, config.spike_window, config.skip_spikes, self.device,
                                remember=config.spike_rollbacks)
-        self._rollback: tuple[int, ...] = ()  # the spikes of a rollback due after this step (train.rollback)
-        self.replica_check = None  # train.consistency, under HSDP only
+        self._rollback: tuple[int, ...] = ()  # the spikes of a rollback due after this step (train.health.rollback)
+        self.replica_check = None  # train.health.consistency, under HSDP only
         if self.parallel_dims.dp_replicate_enabled:
             mesh = self.parallel_dims.get_mesh(["dp_replicate", "fsdp"]).mesh
             self.replica_check = ReplicaCheck(mesh, Path(config.dump_folder), config.consistency_every)
@@ -261,7 +261,7 @@ class LaneformerTrainer(Trainer):
         assert isinstance(self.optimizers, GuardedOptimizers), "use GuardedOptimizers.Config"
         self._skipped_logged = 0
         self._last_log: tuple[int, float] | None = None  # (step, time) at the last logging step
-        self.data_wait_s = 0.0  # seconds this rank waited for batches (train.straggler)
+        self.data_wait_s = 0.0  # seconds this rank waited for batches (train.health.straggler)
         if utils.device_type == "cpu":
             # MFU against a GPU's peak means nothing on a CPU; torchtitan prints
             # N/A for it only under this flag.

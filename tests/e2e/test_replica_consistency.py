@@ -1,4 +1,4 @@
-"""Replica consistency under HSDP (train/consistency.py), with a real bit flipped in one rank's shard.
+"""Replica consistency under HSDP (train/health/consistency.py), with a real bit flipped in one rank's shard.
 
 6 gloo ranks as 2 shards x 3 replicas: ``LANEFORMER_TEST_BITFLIP=4:3`` flips one bit of rank 4's
 parameter shard after step 3's optimizer update (a change the loss does not show); the check before
@@ -21,7 +21,7 @@ import torch
 
 from rundir import REPO
 from tests.conftest import checkpoint_tensors, env, train_command
-from train.consistency import ALERTS_FILE, VERIFIED_FILE
+from train.health.consistency import ALERTS_FILE, VERIFIED_FILE
 from train.exits import EXIT_FILE_ENV, Exit
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ import torch
 from launch import attempts
 from train import exits, preemption
 from train.exits import Exit, note_exit
-from train.preemption import Preempted, PreemptionHook
+from train.health.preemption import Preempted, PreemptionHook
 
 
 @pytest.mark.parametrize("rc, note, before, after, crashes, expected", [
@@ -146,7 +146,7 @@ class FakeTrainer:
     def __init__(self, steps=10, on_save=None, interval=1000):
         self.step, self.device, self.saves, self.waits, self.phases = 0, torch.device("cpu"), [], 0, []
         self.config = SimpleNamespace(training=SimpleNamespace(steps=steps))
-        self.heartbeat = SimpleNamespace(beat=self.phases.append)  # the phases the hook enters (train.heartbeat)
+        self.heartbeat = SimpleNamespace(beat=self.phases.append)  # the phases the hook enters (train.health.heartbeat)
 
         def save(step, last_step=False):
             self.saves.append((step, last_step))
@@ -215,7 +215,7 @@ def test_a_step_the_loop_already_checkpointed_is_not_saved_again(hook):
 
 
 def test_a_replica_mismatch_excludes_the_node_the_check_named():
-    """train.consistency's exit note names the odd rank's host; the requeue leaves that node out
+    """train.health.consistency's exit note names the odd rank's host; the requeue leaves that node out
     (with 2 replicas, where no majority exists, both holders)."""
     from launch.attempts import mismatch_nodes
 

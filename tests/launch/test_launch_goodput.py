@@ -1,4 +1,4 @@
-"""The stall rule (launch.watchdog) and the goodput account (train.goodput) on hand-written
+"""The stall rule (launch.watchdog) and the goodput account (train.health.goodput) on hand-written
 heartbeats and attempt records, against sums done by hand. The real faults that produce such
 records are tests/launch/test_launch_local.py's and test_launch_slurm.py's."""
 
@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 import pytest
 
 from launch.attempts import decide
-from train.goodput import account
+from train.health.goodput import account
 from launch.watchdog import Limits, stalled
 
 LIMITS = Limits(stall=10, first_step=100, checkpoint=50, eval=200)

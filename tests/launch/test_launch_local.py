@@ -21,7 +21,7 @@ from launch.attempts import checkpoint_step, history
 from launch.slurm import status
 from rundir import REPO
 from tests.conftest import STEPS, env, kill_tree, local_command, losses, metrics, reference_run
-from train.heartbeat import read_alerts, read_beats
+from train.health.heartbeat import read_alerts, read_beats
 from train.report.page import embedded_data
 from tests.launch.conftest import logged_steps, wait_for
 

@@ -1,4 +1,4 @@
-"""train/consistency.py's parts, in one process: the checksum sees any single flipped bit, the vote
+"""train/health/consistency.py's parts, in one process: the checksum sees any single flipped bit, the vote
 names the odd replica (or, without a majority, every holder), the launcher restarts after a mismatch,
 and the planner's cost line against a count by hand. The run itself (6 gloo ranks, a real bit
 flipped) is tests/e2e/test_replica_consistency.py."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from launch.attempts import decide
-from train.consistency import checksum, plan_lines, vote
+from train.health.consistency import checksum, plan_lines, vote
 from train.exits import Exit
 
 

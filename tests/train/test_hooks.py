@@ -8,9 +8,9 @@ from train.build import trainer_config
 from train.eval_hook import EvalHook
 from train.export_hook import ExportHook
 from train.hooks import Hook, LogSourceTokens, in_order
-from train.preemption import PreemptionHook
+from train.health.preemption import PreemptionHook
 from train.report_hook import ReportHook
-from train.straggler import StragglerHook
+from train.health.straggler import StragglerHook
 
 
 def test_hooks_run_higher_priority_first_and_keep_the_given_order_among_equals():

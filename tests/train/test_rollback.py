@@ -1,4 +1,4 @@
-"""Spike rollback (train/rollback.py) on CPU, with planted spikes.
+"""Spike rollback (train/health/rollback.py) on CPU, with planted spikes.
 
 Steps 3 and 4 of a 6-step tiny run go NaN (one micro batch each, planted in the loss as
 tests/train/test_train.py plants one); with ``spike_rollbacks = 2`` the run rolls back, after

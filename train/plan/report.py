@@ -239,7 +239,7 @@ class Plan:
         return [] if self.comm is None else self.comm.lines() + self.replica_check_lines()
 
     def replica_check_lines(self) -> list[str]:
-        from train.consistency import plan_lines
+        from train.health.consistency import plan_lines
 
         layout, t = self.comm.layout, self.recipe.training
         return plan_lines(self.nparams, layout.replicate, layout.shard, t.consistency_every,

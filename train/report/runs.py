@@ -31,7 +31,7 @@ class ReportError(ValueError):
 @dataclass
 class Restart:
     step: int  # the step training went on from
-    cause: str  # "preempted", "crash", "restart" (why is not recorded) or "rollback" (train.rollback)
+    cause: str  # "preempted", "crash", "restart" (why is not recorded) or "rollback" (train.health.rollback)
     time: str | None = None
 
 
@@ -129,7 +129,7 @@ def read_run(path: Path) -> Run:
     for f in (path / rundir.EVALS_DIR).glob("step-*.json"):
         if (step := rundir.step_number(f.with_suffix(""))) is not None:
             evals[step] = _read_json(f)
-    from train.rollback import read_rollbacks
+    from train.health.rollback import read_rollbacks
 
     rollbacks = [Restart(r["to_step"], "rollback", r["time"]) for r in read_rollbacks(path)]
     run = Run(path, recipe, rows, evals, sorted(restarts(attempts, rows) + rollbacks, key=lambda r: r.step))
@@ -214,8 +214,8 @@ def header(run: Run) -> list[tuple[str, str]]:
 
 
 def goodput(path: Path) -> str:
-    """Productive training over wall time since the first launch, and what each cause cost (train.goodput)."""
-    from train.goodput import lines
+    """Productive training over wall time since the first launch, and what each cause cost (train.health.goodput)."""
+    from train.health.goodput import lines
 
     text = " ".join(line.strip() for line in lines(path)[:2]).removeprefix("goodput: ")
     return text or "unknown (no launcher record)"

@@ -1,7 +1,7 @@
 """Goodput: productive training time over wall time since the first launch, and what each cause cost.
 
 Every end in ``attempts.jsonl`` carries the ranks' last heartbeat summary
-(``summary``, written by ``launch.attempts.end`` from train/heartbeat.py): the
+(``summary``, written by ``launch.attempts.end`` from train/health/heartbeat.py): the
 marks on the way to the first step, the seconds per phase after it, the last
 step every rank finished and the last beat. From those and the start/end
 times of each launch:
@@ -34,7 +34,7 @@ from datetime import datetime
 from pathlib import Path
 
 from rundir import launcher_dir, read_jsonl
-from train.heartbeat import read_beats, summary
+from train.health.heartbeat import read_beats, summary
 
 STARTUP = (("process", "process"), ("imports", "trainer"), ("rendezvous", "rendezvous"), ("build", "built"),
            ("checkpoint load", "loaded"), ("first step", "first_step"))
@@ -89,7 +89,7 @@ def account(run: Path, now: float | None = None) -> dict | None:
         train = sum(v for k, v in phases.items() if k not in TRAIN_PHASES_EXCLUDED)
         costs["checkpoints"] += phases.get("checkpoint", 0.0)
         costs["evals"] += sum(v for k, v in phases.items() if k in EVAL_PHASES)
-        costs["preemptions"] += phases.get("preemption", 0.0)  # the per-step agreement (train.preemption)
+        costs["preemptions"] += phases.get("preemption", 0.0)  # the per-step agreement (train.health.preemption)
         productive += train
         if i + 1 < len(launches) and s.get("done"):  # steps after the checkpoint the next launch resumed from
             again = max(0, s["reached"] - launches[i + 1][0]["step"])

@@ -11,7 +11,7 @@ tensor, so it adds no host sync; a write is a ``pwrite`` of one padded JSON
 line, at once when the phase changes what a launcher allows, else at most
 once a second (192 ranks share one filesystem). ``launch.watchdog`` reads the files.
 
-The record also carries what goodput accounting (train.goodput) needs from
+The record also carries what goodput accounting (train.health.goodput) needs from
 this process: the marks of its way to the first step (``process`` start,
 ``trainer`` init, ``rendezvous`` done, ``built``, checkpoint ``loaded``,
 ``first_step`` done: wall-clock seconds), and after the first step the seconds
@@ -22,7 +22,7 @@ For the stacks of a stalled rank, ``faulthandler`` is registered on
 ``rank-<R>.stacks`` beside the heartbeat. It is C code that runs even while the
 main thread is blocked inside a collective or I/O. SIGUSR2 because torchrun
 neither handles nor forwards it (``launch.sbatch.SIGNALS_TO_HANDLE``) and
-SIGUSR1 is the preemption signal (``train.preemption``); the handler is in
+SIGUSR1 is the preemption signal (``train.health.preemption``); the handler is in
 place before the first beat names this pid, so a launcher never signals a rank
 that would die of it. A rank stopped by SIGSTOP cannot run it.
 
@@ -46,11 +46,19 @@ RECORD_BYTES = 2048  # every beat overwrites the same bytes: no truncate, no tor
 # Phases a launcher allows longer (launch.watchdog), by allowance; every other phase is "steady".
 LONG_PHASES = {"checkpoint": "checkpoint", "eval": "eval", "export": "eval", "report": "eval"}
 WRITE_EVERY_S = 1.0  # at most one write a second, unless the allowance changes: 192 ranks on a shared filesystem
-ALERTS_FILE = "alerts.jsonl"  # <run>/alerts.jsonl: what the ranks flag for people (train.straggler)
+ALERTS_FILE = "alerts.jsonl"  # <run>/alerts.jsonl: what the ranks flag for people (train.health.straggler)
 
 
 def heartbeat_dir(run: Path) -> Path:
     return launcher_dir(Path(run)) / "heartbeat"
+
+
+def launch_id() -> str:
+    """What the ranks of one launch share and another launch's do not: torchrun's run id (random per
+    ``--standalone`` start, the job's under SLURM), the SLURM restart count and the rendezvous address."""
+    env = os.environ
+    return "/".join([env.get("TORCHELASTIC_RUN_ID", "none"), env.get("SLURM_RESTART_COUNT", "0"),
+                     f"{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"])
 
 
 def process_start_time() -> float:
@@ -75,7 +83,7 @@ class Heartbeat:
         faulthandler.register(STACKS_SIGNAL, file=self.stacks, all_threads=True)
         self.fd = os.open(folder / f"rank-{self.rank}.json", os.O_WRONLY | os.O_CREAT, 0o644)
         self.record = {"rank": self.rank, "world": int(os.environ.get("WORLD_SIZE", 1)), "pid": os.getpid(),
-                       "host": socket.gethostname(), "step": 0, "phase": "build", "done": 0,
+                       "host": socket.gethostname(), "launch": launch_id(), "step": 0, "phase": "build", "done": 0,
                        "marks": {"process": process_start_time(), "trainer": time.time()}, "phase_s": {}}
         self.written: tuple[tuple, float] = ((), 0.0)  # (allowance, time) of the last write
         self.beat("build")
@@ -114,7 +122,7 @@ def read_beats(run: Path) -> list[dict]:
 
 
 def summary(beats: list[dict]) -> dict:
-    """What launch.attempts.end records of a launch's heartbeats (train.goodput reads it): rank 0's
+    """What launch.attempts.end records of a launch's heartbeats (train.health.goodput reads it): rank 0's
     marks and phase times, the last step every rank finished, the last beat of any rank."""
     if not beats:
         return {}

@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
-from train.heartbeat import ALERTS_FILE
+from train.health.heartbeat import ALERTS_FILE
 from train.hooks import Hook
 
 if TYPE_CHECKING:

@@ -43,7 +43,7 @@ from typing import Iterable
 import torch
 
 from train.exits import Exit, StopRun
-from train.heartbeat import ALERTS_FILE  # one file of alerts for people, one owner
+from train.health.heartbeat import ALERTS_FILE  # one file of alerts for people, one owner
 
 VERIFIED_FILE = "replicas_verified.json"  # in a checkpoint's step-N dir
 BITFLIP_ENV = "LANEFORMER_TEST_BITFLIP"
@@ -151,7 +151,7 @@ class ReplicaCheck:
                    "majority": majority, "differs_in": what}
         if dist.get_rank() == 0:
             record = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "kind": "replica_mismatch",
-                      **details, "text": text}  # the fields train/straggler.py's alerts have
+                      **details, "text": text}  # the fields train/health/straggler.py's alerts have
             with open(self.run_dir / ALERTS_FILE, "a") as f:
                 f.write(json.dumps(record) + "\n")
         raise ReplicaMismatch(text, message=text, **details)

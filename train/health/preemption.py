@@ -83,7 +83,7 @@ class PreemptionHook(Hook, Configurable):
         if not self._anyone_requested() or trainer.step >= trainer.config.training.steps:
             return  # on the last step the loop's own final save follows
         checkpointer = trainer.checkpointer
-        # only now a checkpoint phase, with its longer allowance (train.heartbeat): the per-step agreement
+        # only now a checkpoint phase, with its longer allowance (train.health.heartbeat): the per-step agreement
         # above stays this hook's own phase, so a heartbeat is not rewritten at every step
         trainer.heartbeat.beat("checkpoint")
         if checkpointer._should_save(trainer.step):  # the loop saved this step: the same answer on every rank
