@@ -6,9 +6,11 @@ most lenient phase a rank is in (``[launch]`` keys):
 
 - ``stall_timeout_first_step`` until every rank has finished its first step of
   this launch (agent rendezvous, imports, build, checkpoint load, compile);
-- ``stall_timeout_checkpoint`` while a rank saves a checkpoint;
-- ``stall_timeout_eval`` while a rank is in an eval, export or report hook;
+- ``stall_timeout_checkpoint`` while a rank saves or loads a checkpoint (a save, a rollback);
+- ``stall_timeout_eval`` while a rank is in an eval, export or report;
 - ``stall_timeout`` otherwise.
+
+Which phase gets which is ``train.health.phases.Phase.allowance``, declared once.
 
 The newest beat of any rank, because in synchronous training one stuck rank
 soon stops all the others in their next collective, and a rank legitimately
@@ -41,12 +43,13 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
-from rundir import exit_file, launcher_dir
-from train.exits import Exit
-from train.health.heartbeat import LONG_PHASES, STACKS_SIGNAL, heartbeat_dir, read_beats
+from rundir import STALL_FILE, attempts_file, exit_file, read_jsonl, stall_dir
+from train.exits import Exit, note_exit
+from train.health.heartbeat import read_beats
+from train.health.phases import allowance as phase_allowance
+from train.health.stacks import STACKS_SIGNAL, stacks_file
 
 STATES = {"T": "stopped", "D": "in uninterruptible sleep"}  # /proc/<pid>/stat states that cannot dump
 DUMP_WAIT_S = 5.0  # how long the ranks get to write their stacks
@@ -73,7 +76,7 @@ def allowance(beats: list[dict], limits: Limits) -> tuple[float, str]:
         return limits.first_step, "first step"
     allowed = [(limits.stall, "steady")]
     for b in beats:
-        if kind := LONG_PHASES.get(b["phase"]):
+        if (kind := phase_allowance(b["phase"])) != "steady":
             allowed.append((getattr(limits, kind), b["phase"]))
     return max(allowed)
 
@@ -112,7 +115,7 @@ class Watchdog:
 
     def handle(self, stall: dict) -> Path:
         """Note the cause, dump every rank's stacks, kill the ranks; returns the stall folder."""
-        where = self.run / "stalls" / self.attempt
+        where = stall_dir(self.run, self.attempt)
         where.mkdir(parents=True, exist_ok=True)
         local = socket.gethostname()
         for r in stall["ranks"]:
@@ -130,7 +133,7 @@ class Watchdog:
             if r["state"] == "T":
                 continue  # a stopped process runs no handler: it would dump only after SIGCONT
             self._signal(r, STACKS_SIGNAL)
-        stacks = {r["rank"]: heartbeat_dir(self.run) / f"rank-{r['rank']}.stacks" for r in stall["ranks"]}
+        stacks = {r["rank"]: stacks_file(self.run, r["rank"]) for r in stall["ranks"]}
         end = time.monotonic() + DUMP_WAIT_S
         waiting = {r["rank"] for r in stall["ranks"] if r["state"] != "T"}
         while waiting and time.monotonic() < end:
@@ -149,20 +152,14 @@ class Watchdog:
                     f"silent {r['idle_s']} s, process state {r['state'] or '?'}\n")
             r["stacks"] = bool(text.strip())
             (where / f"rank-{r['rank']}.txt").write_text(head + (text or f"# no stacks: {why}\n"))
-        (where / "stall.json").write_text(json.dumps({**stall, "message": message}, indent=1) + "\n")
+        (where / STALL_FILE).write_text(json.dumps({**stall, "message": message}, indent=1) + "\n")
         for r in stall["ranks"]:
             self._signal(r, signal.SIGKILL)
         return where
 
     def _note(self, message: str, where: Path) -> None:
-        """The exit note, as train.exits.note_exit writes it (first writer wins): cause ``stall``."""
-        record = {"code": int(Exit.CRASH), "reason": "stall", "stall": str(where), "message": message,
-                  "time": datetime.now(timezone.utc).isoformat()}
-        try:
-            with open(exit_file(self.run), "x") as f:
-                f.write(json.dumps(record) + "\n")
-        except FileExistsError:
-            pass
+        """The exit note (``train.exits.note_exit``, first writer wins): a crash whose reason is ``stall``."""
+        note_exit(Exit.CRASH, exit_file(self.run), why="stall", stall=str(where), message=message)
 
     def _signal(self, rank: dict, sig: signal.Signals) -> None:
         if rank["host"] == socket.gethostname():
@@ -185,8 +182,7 @@ def _size(path: Path) -> int:
 
 def attempt_name(run: Path) -> str:
     """This launch's folder name under stalls/: the number of its start in attempts.jsonl."""
-    path = launcher_dir(run) / "attempts.jsonl"
-    starts = sum('"event": "start"' in line for line in path.read_text().splitlines()) if path.exists() else 0
+    starts = sum(e.get("event") == "start" for e in read_jsonl(attempts_file(run)))
     return f"{starts:03d}"
 
 
@@ -205,7 +201,7 @@ def main(argv=None) -> int:
     while proc_state(args.pid) is not None:
         if stall := dog.check():
             where = dog.handle(stall)
-            print(f"launch.watchdog: STALL: {json.loads((where / 'stall.json').read_text())['message']}; "
+            print(f"launch.watchdog: STALL: {json.loads((where / STALL_FILE).read_text())['message']}; "
                   f"stacks in {where}; killed the ranks", file=sys.stderr, flush=True)
             return 0
         time.sleep(args.poll)

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 from torchtitan.components.loss import CrossEntropyLoss
-from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.components.optimizer import LRSchedulersContainer
 from torchtitan.components.optimizer.optimizer import ParamGroupConfig
 from torchtitan.config import CommConfig, CompileConfig, ParallelismConfig, TrainingConfig
@@ -36,14 +35,23 @@ from eval.suite import check_inputs
 from models.laneformer import NATIVE_FIELDS, Laneformer, laneformer_configs, model_registry
 from models.laneformer.checkpoint import open_checkpoint
 from train.cpu import adapt_config
-from train.eval_hook import EvalHook
-from train.export_hook import ExportHook
-from train.health.preemption import PreemptionHook
-from train.health.straggler import StragglerHook
+from train.callbacks.bitflip import BITFLIP_ENV, BitFlip
+from train.callbacks.eval import Eval
+from train.callbacks.export import Export
+from train.callbacks.heartbeat import Heartbeat
+from train.callbacks.metrics_file import MetricsFile
+from train.callbacks.preemption import Preemption
+from train.callbacks.progress import Progress
+from train.callbacks.replica_check import ReplicaCheck
+from train.callbacks.report import Report
+from train.callbacks.rollback import Rollback
+from train.callbacks.source_tokens import SourceTokens
+from train.callbacks.spike_guard import SpikeGuard
+from train.callbacks.straggler import Straggler
 from train.recipe import Recipe, RecipeError, check_keys, check_needs, check_value, check_world, dp_degrees
-from train.report_hook import ReportHook
 from train.health.storage import run_dir_problem
-from train.trainer import GuardedOptimizers, LaneformerTrainer, MilestoneCheckpointManager
+from train.titan import GuardedOptimizers, LaneformerMetrics, MilestoneCheckpointManager
+from train.trainer import LaneformerTrainer
 
 
 def model_spec(recipe: Recipe) -> ModelSpec:
@@ -209,19 +217,34 @@ def compile_cache(recipe: Recipe) -> str:
     Inductor exports its per-host default itself the first time it looks (cache_dir_utils.cache_dir)."""
     if recipe.run.compile_cache:
         return str(rundir.in_repo(recipe.run.compile_cache))
-    return str(recipe.output_dir / "compile_cache")
+    return str(recipe.output_dir / rundir.COMPILE_CACHE_DIR)
 
 
-def export_hooks(recipe: Recipe) -> list:
-    """The end-of-run Hugging Face export, when the recipe asks for it."""
-    if not recipe.checkpoint.export_hf:
-        return []
-    return [ExportHook.Config(
-        out_dir=recipe.checkpoint.export_dir,
-        recipe=Path(recipe.path).name,
-        tokenizer_dir=str(Path(recipe.data.tokenizer).parent),
-        chat_template=recipe.data.chat_template,
-    )]
+def callbacks(recipe: Recipe) -> list:
+    """The configs of the run's callbacks (train.callbacks), from its recipe; the trainer calls them in
+    (-priority, name) order at each point."""
+    t, c, d, e, launch = recipe.training, recipe.checkpoint, recipe.data, recipe.eval, recipe.launch
+    made = [
+        Heartbeat.Config(),
+        MetricsFile.Config(),
+        SpikeGuard.Config(enabled=t.skip_spikes, sigmas=t.spike_sigmas, window=t.spike_window,
+                          max_consecutive_skips=t.max_consecutive_skips, remember=t.spike_rollbacks),
+        ReplicaCheck.Config(every=t.consistency_every),
+        Progress.Config(),
+        SourceTokens.Config(),
+        Straggler.Config(threshold=launch.straggler_threshold, windows=launch.straggler_windows),
+        Eval.Config(every=e.every, at_end=e.at_end, spec=e.spec(), chat_template=d.chat_template),
+        Preemption.Config(),
+        Rollback.Config(spikes=t.spike_rollbacks, window=t.spike_window),
+    ]
+    if c.export_hf:
+        made.append(Export.Config(out_dir=c.export_dir, recipe=Path(recipe.path).name,
+                                  tokenizer_dir=str(Path(d.tokenizer).parent), chat_template=d.chat_template))
+    if recipe.logging.report:
+        made.append(Report.Config(every=e.every))
+    if spec := os.environ.get(BITFLIP_ENV):  # tests only (train.callbacks.bitflip)
+        made.append(BitFlip.Config(spec=spec))
+    return made
 
 
 def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
@@ -292,26 +315,16 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
             initial_load_in_hf=init_hf,
             initial_load_model_only=c.init_weights_only if init_path else True,
         ),
-        metrics=MetricsProcessor.Config(
+        metrics=LaneformerMetrics.Config(
             log_freq=log.interval,
+            last_step=t.steps,
             enable_tensorboard=log.tensorboard,
-            save_tb_folder="tensorboard",
+            save_tb_folder=rundir.TENSORBOARD_DIR,
             enable_wandb=log.wandb_mode != "disabled",
         ),
         comm=CommConfig(init_timeout_seconds=p.comm_init_timeout, train_timeout_seconds=p.comm_train_timeout),
         debug=DebugConfig(seed=recipe.run.seed, deterministic=recipe.run.deterministic),
-        hooks=[EvalHook.Config(every=recipe.eval.every, at_end=recipe.eval.at_end, spec=recipe.eval.spec(),
-                               chat_template=recipe.data.chat_template),
-               *export_hooks(recipe), *([ReportHook.Config(every=recipe.eval.every)] if recipe.logging.report else []),
-               StragglerHook.Config(threshold=recipe.launch.straggler_threshold,
-                                    windows=recipe.launch.straggler_windows),
-               PreemptionHook.Config()],  # called in their priority order (train.hooks)
-        skip_spikes=t.skip_spikes,
-        spike_sigmas=t.spike_sigmas,
-        spike_window=t.spike_window,
-        max_consecutive_skips=t.max_consecutive_skips,
-        spike_rollbacks=t.spike_rollbacks,
-        consistency_every=t.consistency_every,
+        callbacks=callbacks(recipe),
         reduce_grads=p.reduce_grads,
         compile_cache=compile_cache(recipe),
     )

@@ -17,6 +17,7 @@ import os
 import sys
 from datetime import datetime, timezone
 from enum import IntEnum
+from pathlib import Path
 
 EXIT_FILE_ENV = "LANEFORMER_EXIT_FILE"
 
@@ -65,14 +66,16 @@ class StopRun(Exception):
         self.details = details
 
 
-def note_exit(code: Exit, **details) -> None:
-    """Tell the launcher why this process stops (first writer wins: the first rank to
-    fail usually names the cause). Without ``$LANEFORMER_EXIT_FILE`` nothing is written."""
-    path = os.environ.get(EXIT_FILE_ENV)
+def note_exit(code: Exit, path: str | Path | None = None, why: str | None = None, **details) -> None:
+    """Tell the launcher why this process stops (first writer wins: the first rank to fail, or the
+    stall watchdog, usually names the cause). ``path``: the note's file, by default the one
+    ``$LANEFORMER_EXIT_FILE`` names (without either nothing is written); ``why``: a finer reason
+    than the code's (the watchdog's ``stall``, a crash to ``launch.attempts.decide``)."""
+    path = path or os.environ.get(EXIT_FILE_ENV)
     if not path:
         return
-    record = {"code": int(code), "reason": reason(code), **details, "rank": int(os.environ.get("RANK", 0)),
-              "time": datetime.now(timezone.utc).isoformat()}
+    record = {"code": int(code), "reason": why or reason(code), **details,
+              "rank": int(os.environ.get("RANK", 0)), "time": datetime.now(timezone.utc).isoformat()}
     try:
         with open(path, "x") as f:
             f.write(json.dumps(record) + "\n")

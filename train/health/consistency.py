@@ -8,7 +8,8 @@ the parameters and of the optimizer state is held by ``replicate`` ranks that ap
 all-reduced gradient, so their bits must be identical after every step: free evidence.
 
 The check (``ReplicaCheck.run``), every ``[training] consistency_every`` steps and always before a
-checkpoint is saved (``MilestoneCheckpointManager`` calls it), after the step's optimizer update:
+checkpoint is saved (the ``train.callbacks.replica_check`` callback calls it at both points), after
+the step's optimizer update:
 
 - each rank sums the 32-bit words of its local shards (parameters; optimizer moments and step
   counts) into two int64 checksums, parameters and optimizer state, exactly: one flipped bit
@@ -25,36 +26,31 @@ Nothing happens on other steps: no host sync. On a mismatch every rank raises ``
 (exit code ``Exit.REPLICA_MISMATCH``): the exit note and ``<run>/alerts.jsonl`` name the step, the
 ranks and their hosts, and nothing is saved. A checkpoint saved after a passing check records it
 (``step-N/replicas_verified.json``), and a run with replicas resumes from the latest verified one.
-
-Test-only fault injection (documented, and the only use of it): ``LANEFORMER_TEST_BITFLIP=RANK:STEP``
-flips one bit of that rank's first parameter shard after that step's optimizer update.
+The tests make a mismatch with ``train.callbacks.bitflip``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import socket
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable
 
 import torch
 
+from rundir import VERIFIED_FILE
 from train.exits import Exit, StopRun
-from train.health.heartbeat import ALERTS_FILE  # one file of alerts for people, one owner
+from train.health.alerts import write_alert
 
-VERIFIED_FILE = "replicas_verified.json"  # in a checkpoint's step-N dir
-BITFLIP_ENV = "LANEFORMER_TEST_BITFLIP"
-_WORDS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+WORDS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class ReplicaMismatch(StopRun):
     code = Exit.REPLICA_MISMATCH
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
@@ -62,10 +58,10 @@ def checksum(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     """The sum of the tensors' words (their own width), as int64 on their device: bit-exact."""
     total = None
     for t in tensors:
-        t = _local(t).detach()
+        t = local(t).detach()
         if t.numel() == 0:
             continue
-        s = t.contiguous().view(_WORDS[t.element_size()]).sum(dtype=torch.int64)
+        s = t.contiguous().view(WORDS[t.element_size()]).sum(dtype=torch.int64)
         total = s if total is None else total + s
     return total if total is not None else torch.zeros((), dtype=torch.int64)
 
@@ -79,23 +75,6 @@ def vote(values: list[tuple[int, ...]]) -> list[int]:
     if values.count(top) * 2 > len(values):
         return [i for i, v in enumerate(values) if v != top]
     return list(range(len(values)))
-
-
-def flip_bit(model_parts, rank: int, step: int) -> bool:
-    """``LANEFORMER_TEST_BITFLIP=RANK:STEP`` (tests only): flip bit 12 of the first word of this
-    rank's first non-empty parameter shard at that step. True if a bit was flipped."""
-    spec = os.environ.get(BITFLIP_ENV)
-    if not spec or tuple(int(x) for x in spec.split(":")) != (rank, step):
-        return False
-    with torch.no_grad():
-        for model in model_parts:
-            for p in model.parameters():
-                local = _local(p.data)
-                if local.numel():
-                    words = local.view(-1).view(_WORDS[local.element_size()])
-                    words[0] ^= 1 << 12
-                    return True
-    return False
 
 
 class ReplicaCheck:
@@ -150,10 +129,7 @@ class ReplicaCheck:
         details = {"step": step, "ranks": odd, "hosts": sorted({self.hosts[r] for r in odd}), "shards": shards,
                    "majority": majority, "differs_in": what}
         if dist.get_rank() == 0:
-            record = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "kind": "replica_mismatch",
-                      **details, "text": text}  # the fields train/health/straggler.py's alerts have
-            with open(self.run_dir / ALERTS_FILE, "a") as f:
-                f.write(json.dumps(record) + "\n")
+            write_alert(self.run_dir, "replica_mismatch", text=text, **details)
         raise ReplicaMismatch(text, message=text, **details)
 
     def mark_verified(self, step_dir: Path, step: int) -> None:

@@ -13,15 +13,15 @@ times of each launch:
   (compile);
 - **replays**: steps trained after the checkpoint a restart resumed from,
   done again, at that launch's mean step time;
-- **checkpoints**, **evals** (eval, report and export hooks): time in those
-  phases after the first step;
-- **preemptions** also the per-step agreement on a preemption request;
+- **checkpoints**, **rollbacks**, **evals** (eval, report and export), **preemptions** (the
+  per-step agreement on a preemption request, and its save): time in those phases after the
+  first step, each phase booked where ``train.health.phases.Phase.bucket`` says;
 - per end cause (**stalls**, **preemptions**, **crashes**): the time from the
   launch's last beat to its end (the stall allowance ran out, a crashed job
   wound down, the preemption save) plus the wait until the next start (requeue,
   queue);
-- **productive**: time in the training phases (data, forward/backward,
-  optimizer, per-step hooks) minus the replayed steps'.
+- **productive**: time in the productive phases (data, forward/backward,
+  optimizer, the per-step metrics and checks) minus the replayed steps'.
 
 Torch-free, in train's layer so that the report (train.report) can use it; ``launch.slurm
 status`` and the report print ``lines``.
@@ -33,13 +33,14 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from rundir import launcher_dir, read_jsonl
+from rundir import attempts_file, read_jsonl
 from train.health.heartbeat import read_beats, summary
+from train.health.phases import bucket
 
 STARTUP = (("process", "process"), ("imports", "trainer"), ("rendezvous", "rendezvous"), ("build", "built"),
            ("checkpoint load", "loaded"), ("first step", "first_step"))
-TRAIN_PHASES_EXCLUDED = {"checkpoint", "eval", "report", "export", "build", "load", "preemption"}
-EVAL_PHASES = {"eval", "report", "export"}
+COSTS = ("first start", "restarts", "replays", "checkpoints", "rollbacks", "evals", "stalls", "preemptions",
+         "crashes")
 TAIL_CAUSE = {"stall": "stalls", "preempted": "preemptions", "crash": "crashes"}
 
 
@@ -60,7 +61,7 @@ def startup_split(start: float, marks: dict) -> dict[str, float]:
 def account(run: Path, now: float | None = None) -> dict | None:
     """Wall time since the first launch, productive time and the cost of each cause (seconds),
     per launch startup splits; None before the first launch."""
-    events = read_jsonl(launcher_dir(run) / "attempts.jsonl")  # launch.attempts writes it
+    events = read_jsonl(attempts_file(run))  # launch.attempts writes it
     starts = [e for e in events if e["event"] == "start"]
     if not starts:
         return None
@@ -73,8 +74,7 @@ def account(run: Path, now: float | None = None) -> dict | None:
     running = launches[-1][1] is None
     now = now or time.time()
     end_time = now if running else _t(launches[-1][1]["time"])
-    costs = dict.fromkeys(("first start", "restarts", "replays", "checkpoints", "evals", "stalls", "preemptions",
-                           "crashes"), 0.0)
+    costs = dict.fromkeys(COSTS, 0.0)
     productive, splits, replayed = 0.0, [], 0
     for i, (start, end) in enumerate(launches):
         s = (end or {}).get("summary") or (summary(read_beats(run)) if end is None else {})
@@ -85,11 +85,13 @@ def account(run: Path, now: float | None = None) -> dict | None:
         splits.append(split)
         up = (marks["first_step"] - t0) if "first_step" in marks else (t1 - t0 if end else sum(split.values()))
         costs["restarts" if i else "first start"] += up
-        phases = s.get("phase_s", {})
-        train = sum(v for k, v in phases.items() if k not in TRAIN_PHASES_EXCLUDED)
-        costs["checkpoints"] += phases.get("checkpoint", 0.0)
-        costs["evals"] += sum(v for k, v in phases.items() if k in EVAL_PHASES)
-        costs["preemptions"] += phases.get("preemption", 0.0)  # the per-step agreement (train.health.preemption)
+        train = 0.0
+        for phase, seconds in s.get("phase_s", {}).items():
+            where = bucket(phase)
+            if where == "productive":
+                train += seconds
+            elif where in costs:  # "startup" phases are timed by the marks
+                costs[where] += seconds
         productive += train
         if i + 1 < len(launches) and s.get("done"):  # steps after the checkpoint the next launch resumed from
             again = max(0, s["reached"] - launches[i + 1][0]["step"])

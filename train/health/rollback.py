@@ -15,7 +15,8 @@ before the spike and skip about 200-500 data batches) is taken here in-process:
   batches seen between that checkpoint and now are never trained on again, nor counted as consumed
   (so the logged and reported mix stays what the model saw).
 
-Each rollback is a line of ``<run>/rollbacks.jsonl`` (the steps, the skipped global samples and
+The trainer's side (the load, the data skip) is ``train.callbacks.rollback``; this module holds the
+rules and the record. Each rollback is a line of ``<run>/rollbacks.jsonl`` (the steps, the skipped global samples and
 their tokens per source), which the run report marks. Without a checkpoint before the spikes
 nothing is rolled back: the guard goes on skipping.
 """
@@ -23,16 +24,9 @@ nothing is rolled back: the guard goes on skipping.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from rundir import is_complete, read_jsonl, step_number
-
-if TYPE_CHECKING:
-    from train.trainer import LaneformerTrainer
-
-ROLLBACKS_FILE = "rollbacks.jsonl"  # in the run dir
+from rundir import is_complete, read_jsonl, rollbacks_file, step_number
 
 
 def due(recent: tuple[int, ...], spikes: int, window: int) -> bool:
@@ -46,51 +40,23 @@ def checkpoint_before(folder: Path, step: int) -> int | None:
     return max(steps, default=None)
 
 
-def roll_back(trainer: LaneformerTrainer, spikes: tuple[int, ...]) -> dict | None:
-    """Roll the run back to the checkpoint before ``spikes`` (skipped steps), skipping the data since;
-    every rank calls it at the same step (the guard decides alike on every rank). Returns the record."""
-    import torch.distributed as dist
+def set_aside_after(folder: Path, step: int) -> None:
+    """Rename the checkpoints saved after ``step`` to ``step-N.rolled-back[-k]``: a restart must not
+    resume from them, and a person can still look at them."""
+    for later in Path(folder).glob("step-*"):
+        if (n := step_number(later)) is not None and n > step:
+            aside, k = later.with_name(f"{later.name}.rolled-back"), 1
+            while aside.exists():  # an earlier rollback's
+                k += 1
+                aside = later.with_name(f"{later.name}.rolled-back-{k}")
+            later.rename(aside)
 
-    from torchtitan.tools.logging import logger
 
-    run, folder = Path(trainer.config.dump_folder), Path(trainer.checkpointer.folder)
-    at, loader = trainer.step, trainer.dataloader
-    to = checkpoint_before(folder, spikes[0])
-    if to is None:
-        logger.warning(f"step {at}: {len(spikes)} spikes within {trainer.config.spike_window} steps (at steps "
-                       f"{', '.join(map(str, spikes))}) but no complete checkpoint before step {spikes[0]} in "
-                       f"{folder}: not rolled back, the spiking steps stay skipped")
-        return None
-    reached = loader.loader.next_index
-    trainer.checkpointer.maybe_wait_for_saving()
-    trainer.checkpointer.load(step=to)
-    first, last = loader.skip_to(reached)
-    rank0 = not dist.is_initialized() or dist.get_rank() == 0
-    if rank0:
-        for later in folder.glob("step-*"):
-            if (n := step_number(later)) is not None and n > to:
-                aside, k = later.with_name(f"{later.name}.rolled-back"), 1
-                while aside.exists():  # an earlier rollback's
-                    k += 1
-                    aside = later.with_name(f"{later.name}.rolled-back-{k}")
-                later.rename(aside)
-    mixture = loader.mixture
-    skipped = {name: mixture.consumed_tokens(last)[name] - n for name, n in mixture.consumed_tokens(first).items()}
-    record = {"time": datetime.now(timezone.utc).isoformat(), "at_step": at, "to_step": to, "spikes": list(spikes),
-              "checkpoint": str(folder / f"step-{to}"), "skipped_samples": [first, last],
-              "skipped_tokens": skipped}
-    if rank0:
-        with open(run / ROLLBACKS_FILE, "a") as f:
-            f.write(json.dumps(record) + "\n")
-    if dist.is_initialized():
-        dist.barrier()
-    logger.warning(f"ROLLBACK at step {at}: {len(spikes)} spikes within {trainer.config.spike_window} steps (at "
-                   f"steps {', '.join(map(str, spikes))}); back to the checkpoint of step {to}, skipping global "
-                   f"samples {first:,} to {last - 1:,} ({sum(skipped.values()):,} tokens: "
-                   + ", ".join(f"{k} {v:,}" for k, v in skipped.items()) + f"); recorded in {run / ROLLBACKS_FILE}")
-    return record
+def record(run: Path, rollback: dict) -> None:
+    with open(rollbacks_file(run), "a") as f:
+        f.write(json.dumps(rollback) + "\n")
 
 
 def read_rollbacks(run: Path) -> list[dict]:
     """The rollbacks of a run dir, oldest first (a line cut by a kill is left out)."""
-    return read_jsonl(Path(run) / ROLLBACKS_FILE)
+    return read_jsonl(rollbacks_file(run))

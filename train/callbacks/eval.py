@@ -30,7 +30,8 @@ from torchtitan.tools.logging import logger
 import rundir
 from data.mixture import IGNORE_INDEX, Mixture, SourceSpec
 from eval.spec import EvalSpec
-from train.hooks import Hook
+from train.callbacks.callback import Callback
+from train.health.phases import Phase
 
 if TYPE_CHECKING:
     from train.trainer import LaneformerTrainer
@@ -47,7 +48,10 @@ def token_bytes(sp) -> np.ndarray:
     return sizes
 
 
-class EvalHook(Hook, Configurable):
+class Eval(Callback, Configurable):
+    name = "eval"
+    phase = Phase.EVAL
+
     @dataclass(kw_only=True, slots=True)
     class Config(Configurable.Config):
         every: int = 0  # steps; 0: only at the end
@@ -55,11 +59,11 @@ class EvalHook(Hook, Configurable):
         spec: EvalSpec = field(default_factory=EvalSpec)  # what to evaluate: the recipe's [eval]
         chat_template: str | None = None  # the run's (recipe [data] chat_template, resolved), for EvalPlus's chat
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, trainer: LaneformerTrainer):
         self.config = config
         self._val: Mixture | None = None
 
-    def after_step(self, trainer: LaneformerTrainer) -> None:
+    def post_step(self, trainer: LaneformerTrainer) -> None:
         c, step = self.config, trainer.step
         due = (c.every and step % c.every == 0) or (c.at_end and step == trainer.config.training.steps)
         parts = {"validation": self.validation} if c.spec.val_sources else {}

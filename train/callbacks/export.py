@@ -26,7 +26,8 @@ from torchtitan.tools.logging import logger
 
 from rundir import latest_evals
 from train.exits import Exit, StopRun
-from train.hooks import Hook
+from train.callbacks.callback import Callback
+from train.health.phases import Phase
 
 if TYPE_CHECKING:
     from train.trainer import LaneformerTrainer
@@ -36,7 +37,10 @@ class ExportFailed(StopRun):
     code = Exit.EXPORT_FAILED
 
 
-class ExportHook(Hook, Configurable):
+class Export(Callback, Configurable):
+    name = "export"
+    phase = Phase.EXPORT
+
     @dataclass(kw_only=True, slots=True)
     class Config(Configurable.Config):
         out_dir: str
@@ -45,7 +49,7 @@ class ExportHook(Hook, Configurable):
         chat_template: str | None = None  # the run's (recipe [data] chat_template, resolved); None: data.chat's default
         dtype: str = "bfloat16"  # the released checkpoints are bf16
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, trainer: LaneformerTrainer):
         self.config = config
 
     def command(self, run_dir: Path, tokens: int) -> str:
@@ -58,7 +62,7 @@ class ExportHook(Hook, Configurable):
             args += ["--chat-template", c.chat_template]
         return shlex.join(args)
 
-    def after_train(self, trainer: LaneformerTrainer) -> None:
+    def post_train(self, trainer: LaneformerTrainer) -> None:
         if trainer.step != trainer.config.training.steps:
             return
         run_dir = Path(trainer.config.dump_folder)

@@ -4,7 +4,7 @@ Rank 0 runs ``python -m train.report RUN`` in a child process, so drawing never
 holds up a step (the final one is waited for, so the end-of-run summary can
 point at it); a refresh still running when the next is due is not doubled. A
 report that fails is logged with its output (``report/refresh.log``) and training
-goes on. At the first step of each process the hook also logs the launch number
+goes on; a run that stops on an error draws it once more. At the first step of each process it also logs the launch number
 (``launch``), so the report marks restarts of runs started without a launcher,
 and the model's parameter count, so the report needs no torch.
 """
@@ -18,36 +18,37 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch.distributed as dist
 
 import rundir
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
-from train.hooks import Hook
-from train.report import PAGE, REPORT_DIR
-from train.report.runs import LAUNCH_METRIC, PARAMETERS_METRIC
+from train.callbacks.callback import Callback
+from train.health.phases import Phase
 
 if TYPE_CHECKING:
     from train.trainer import LaneformerTrainer
 
-LOG = "refresh.log"
+LAUNCH_METRIC = "launch"  # logged at a process's first step: the launch number (train.report.runs marks restarts)
+PARAMETERS_METRIC = "parameters"  # ... and the model's parameter count
 
 
-class ReportHook(Hook, Configurable):
+class Report(Callback, Configurable):
+    name = "report"
     priority = -10  # after the step's eval (and, at the end, the export) it draws
+    phase = Phase.REPORT
 
     @dataclass(kw_only=True, slots=True)
     class Config(Configurable.Config):
         every: int = 0  # steps between in-loop evals ([eval] every); 0: only at the end
         final_timeout_s: float = 600.0  # the end-of-run refresh is waited for at most this long
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, trainer: LaneformerTrainer):
         self.config = config
         self.child: subprocess.Popen | None = None
         self.logged_launch = False
 
-    def after_step(self, trainer: LaneformerTrainer) -> None:
+    def post_step(self, trainer: LaneformerTrainer) -> None:
         run = Path(trainer.config.dump_folder)
         if not self.logged_launch:
             self.logged_launch = True
@@ -56,20 +57,26 @@ class ReportHook(Hook, Configurable):
             trainer.metrics_processor.logger.log({LAUNCH_METRIC: max(launches, 1), PARAMETERS_METRIC: parameters},
                                                  trainer.step)
         c, step = self.config, trainer.step
-        if c.every and step % c.every == 0 and step != trainer.config.training.steps and _rank0():
+        if c.every and step % c.every == 0 and step != trainer.config.training.steps and trainer.rank0:
             self._refresh(run, wait=False)
 
-    def after_train(self, trainer: LaneformerTrainer) -> None:
-        if _rank0():
+    def post_train(self, trainer: LaneformerTrainer) -> None:
+        if trainer.rank0:
+            self._refresh(Path(trainer.config.dump_folder), wait=True)
+
+    def on_error(self, trainer: LaneformerTrainer, error: Exception) -> None:
+        """A run stopped by an error (too many skipped steps, a replica mismatch, a crash) gets its report
+        drawn once more: its last numbers are what a person looks at first."""
+        if trainer.rank0:
             self._refresh(Path(trainer.config.dump_folder), wait=True)
 
     def _refresh(self, run: Path, wait: bool) -> None:
         try:
             if self.child is not None and self._done(self.child, wait) is None:
                 return  # the previous refresh is still drawing
-            out = run / REPORT_DIR
+            out = rundir.report_dir(run)
             out.mkdir(parents=True, exist_ok=True)
-            with open(out / LOG, "w") as log:
+            with open(out / rundir.REPORT_LOG, "w") as log:
                 self.child = subprocess.Popen(
                     [sys.executable, "-m", "train.report", str(run)], stdout=log, stderr=subprocess.STDOUT,
                     cwd=rundir.REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -88,14 +95,11 @@ class ReportHook(Hook, Configurable):
         if rc is None:
             return None
         self.child = None
-        log = Path(child.args[-1]) / REPORT_DIR / LOG
+        log = rundir.report_dir(child.args[-1]) / rundir.REPORT_LOG
         if rc != 0:
             tail = log.read_text()[-2000:] if log.exists() else ""
             logger.warning(f"report: python -m train.report failed (exit {rc}); training goes on. {log}:\n{tail}")
         elif wait:
-            logger.info(f"report: {Path(child.args[-1]) / REPORT_DIR / PAGE}")
+            logger.info(f"report: {rundir.report_dir(child.args[-1]) / rundir.REPORT_PAGE}")
         return rc
 
-
-def _rank0() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0

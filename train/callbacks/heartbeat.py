@@ -1,0 +1,42 @@
+"""The heartbeat's marks and counts: a step begins, the first step is done, the steps done.
+
+The trainer's ``Heartbeat`` (``train.health.heartbeat``) is made before anything else, so a stall
+while building is seen too, and every phase a rank enters is beaten through it
+(``LaneformerTrainer.enter``); this callback adds what the watchdog and goodput read about steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from torchtitan.config import Configurable
+
+from train.callbacks.callback import Callback
+from train.health.phases import Phase
+
+if TYPE_CHECKING:
+    from train.trainer import LaneformerTrainer
+
+
+class Heartbeat(Callback, Configurable):
+    name = "heartbeat"
+    priority = 1000  # first at every point: a step's phases begin with its number
+    phase = Phase.DATA
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Configurable.Config):
+        pass
+
+    def __init__(self, config: Config, trainer: LaneformerTrainer):
+        self.beats = trainer.heartbeat
+
+    def pre_train(self, trainer: LaneformerTrainer) -> None:
+        self.beats.mark("loaded")
+
+    def pre_step(self, trainer: LaneformerTrainer) -> None:
+        self.beats.beat(Phase.DATA, trainer.step)  # a new step: written at once
+
+    def post_train_batch(self, trainer: LaneformerTrainer) -> None:
+        self.beats.mark("first_step")  # this launch's first update is applied
+        self.beats.step_done()

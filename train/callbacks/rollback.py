@@ -1,0 +1,98 @@
+"""Spike rollback: decided at a logging step, done after that step's save (``train.health.rollback``).
+
+When ``[training] spike_rollbacks`` skipped steps come within ``spike_window`` steps (the spike
+guard's counters, read at logging steps anyway), the run loads the latest complete checkpoint
+saved before the first of them, sets aside the checkpoints saved after it, and the data loader
+goes on from the sample it had reached (``MixtureLoader.skip_to``): those batches are never
+trained on again. The load is beaten under its own phase (``Phase.ROLLBACK``: the checkpoint
+allowance, booked as rollbacks in goodput). The count of rollbacks is checkpointed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch.distributed as dist
+
+from torchtitan.config import Configurable
+from torchtitan.tools.logging import logger
+
+from rundir import rollbacks_file
+from train.callbacks.callback import Callback
+from train.callbacks.spike_guard import SpikeGuard
+from train.health import rollback
+from train.health.phases import Phase
+
+if TYPE_CHECKING:
+    from train.trainer import LaneformerTrainer
+
+
+class Rollback(Callback, Configurable):
+    name = "rollback"
+    priority = -200  # last after the step: after its save, evals and a preemption's exit
+    phase = Phase.ROLLBACK
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Configurable.Config):
+        spikes: int = 0  # [training] spike_rollbacks; 0: never
+        window: int = 100  # [training] spike_window
+
+    def __init__(self, config: Config, trainer: LaneformerTrainer):
+        self.config = config
+        self.due: tuple[int, ...] = ()  # the spikes of a rollback due after this step's save
+        self.count = 0  # rollbacks so far in this run
+
+    def post_train_batch(self, trainer: LaneformerTrainer) -> None:
+        if not trainer.metrics_processor.should_log(trainer.step):
+            return
+        recent, c = trainer.callbacks.get(SpikeGuard.name).reading.recent, self.config
+        if rollback.due(recent, c.spikes, c.window):
+            self.due = recent[-c.spikes:]
+
+    def post_step(self, trainer: LaneformerTrainer) -> None:
+        if self.due:
+            spikes, self.due = self.due, ()
+            count = self.count  # the load below restores the count the checkpoint had
+            if self.roll_back(trainer, spikes) is not None:
+                self.count = count + 1
+
+    def roll_back(self, trainer: LaneformerTrainer, spikes: tuple[int, ...]) -> dict | None:
+        """Roll the run back to the checkpoint before ``spikes`` (skipped steps), skipping the data since;
+        every rank calls it at the same step (the guard decides alike on every rank). Returns the record."""
+        run, folder = Path(trainer.config.dump_folder), Path(trainer.checkpointer.folder)
+        at, loader, window = trainer.step, trainer.dataloader, self.config.window
+        steps = ", ".join(map(str, spikes))
+        to = rollback.checkpoint_before(folder, spikes[0])
+        if to is None:
+            logger.warning(f"step {at}: {len(spikes)} spikes within {window} steps (at steps {steps}) but no "
+                           f"complete checkpoint before step {spikes[0]} in {folder}: not rolled back, the spiking "
+                           "steps stay skipped")
+            return None
+        reached = loader.loader.next_index
+        trainer.checkpointer.maybe_wait_for_saving()
+        trainer.checkpointer.load(step=to)
+        first, last = loader.skip_to(reached)
+        mixture = loader.mixture
+        skipped = {name: mixture.consumed_tokens(last)[name] - n for name, n in mixture.consumed_tokens(first).items()}
+        record = {"time": datetime.now(timezone.utc).isoformat(), "at_step": at, "to_step": to, "spikes": list(spikes),
+                  "checkpoint": str(folder / f"step-{to}"), "skipped_samples": [first, last],
+                  "skipped_tokens": skipped}
+        if trainer.rank0:
+            rollback.set_aside_after(folder, to)
+            rollback.record(run, record)
+        if dist.is_initialized():
+            dist.barrier()
+        logger.warning(f"ROLLBACK at step {at}: {len(spikes)} spikes within {window} steps (at steps {steps}); back "
+                       f"to the checkpoint of step {to}, skipping global samples {first:,} to {last - 1:,} "
+                       f"({sum(skipped.values()):,} tokens: " + ", ".join(f"{k} {v:,}" for k, v in skipped.items())
+                       + f"); recorded in {rollbacks_file(run)}")
+        return record
+
+    def state_dict(self) -> dict:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count = int(state.get("count", 0))

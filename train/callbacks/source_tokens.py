@@ -1,0 +1,35 @@
+"""At logging steps: tokens consumed per mixture source, to stdout and the metric loggers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from torchtitan.config import Configurable
+from torchtitan.tools.logging import logger
+
+from train.callbacks.callback import Callback
+from train.health.phases import Phase
+
+if TYPE_CHECKING:
+    from train.trainer import LaneformerTrainer
+
+
+class SourceTokens(Callback, Configurable):
+    name = "source_tokens"
+    priority = 100  # with the step's own metrics, before any eval of the step
+    phase = Phase.METRICS
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Configurable.Config):
+        pass
+
+    def __init__(self, config: Config, trainer: LaneformerTrainer):
+        pass
+
+    def post_step(self, trainer: LaneformerTrainer) -> None:
+        if not trainer.metrics_processor.should_log(trainer.step):
+            return
+        consumed = trainer.dataloader.state_dict().get("consumed_tokens", {})
+        trainer.metrics_processor.logger.log({f"data/tokens/{name}": n for name, n in consumed.items()}, trainer.step)
+        logger.info("tokens per source: " + ", ".join(f"{k} {v:,}" for k, v in consumed.items()))

@@ -1,0 +1,250 @@
+"""One live writer per run dir: a rank dies with its torchrun agent, and a launch refuses a run dir that
+another launch's live ranks hold.
+
+Why both. torchrun starts its workers with ``start_new_session=True`` (pytorch PR #113231), so a SIGKILL
+of torchrun's process group (``kill -9 -- -PGID`` of a ``setsid torchrun ...``, a node agent's cleanup,
+a killed srun step under ``proctrack/linuxproc``) leaves every rank training, in sessions of their own.
+The same command started again then trained *beside* them: both wrote ``checkpoints/step-N`` (DCP
+overwrote it), both appended to ``metrics.jsonl``, and the orphan's closing summary read the other's
+lines. So:
+
+- ``die_with_parent``: a rank started by torchrun asks the kernel for SIGKILL when its parent dies
+  (``prctl(PR_SET_PDEATHSIG)``, as sglang's ``kill_itself_when_parent_died`` does). The signal comes
+  when the parent *thread* that forked the rank exits: torchrun's agent starts its workers from its
+  main thread (``SubprocessContext._start`` called by ``LocalElasticAgent._start_workers``, torch
+  2.14), which lives as long as the agent, so no rank is killed early. A parent that died before the
+  ``prctl`` is caught by comparing ``os.getppid()`` with the parent seen first. Plain ``python
+  train.py`` (train.py's ``as_one_rank``) is its own single rank: its parent is a shell or a test, and
+  outliving it is fine, so nothing is set there.
+- ``claim``: before anything is written, a launch reads the run dir's heartbeats
+  (``train.health.heartbeat``: every rank's pid, host, launch id, step, phase, time). Beats of another
+  launch whose ranks are alive mean the run dir is held: the launch is refused (train.py and
+  launch.local exit 2, ``train.exits.Exit.BAD_INPUT``), naming the holder (host, pids, launch number,
+  the age of its last beat). A holder whose ranks are gone (its pids no longer exist on this host, or,
+  on another host, no beat for as long as the stall watchdog allows it: ``[launch] stall_timeout``,
+  longer in a first step, a save or an eval) is stale: the launch takes the run dir over and says so.
+
+Alive, on this host, means the pid exists, is not a zombie, and started when the beat says it did
+(``marks.process``): a reused pid is not the rank. On another host only the beat's age can tell, so
+the allowance is the watchdog's (launch.watchdog ends a launch silent for longer, so one that is
+silent longer is not training). Every rank of a launch checks the same files and so decides alike;
+a rank's own launch (``heartbeat.launch_id()``) is never its holder, nor, on this host, a rank that
+has another parent than this one's agent (torchrun's default port and run id repeat across launches).
+
+Torch-free: launch.local calls ``claim`` before it records a start.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import rundir
+from train.health.heartbeat import launch_id, read_beats
+from train.health.phases import allowance as phase_allowance
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def started_by_torchrun() -> bool:
+    """torchrun sets TORCHELASTIC_RUN_ID for its workers; ``python train.py`` (as_one_rank) does not."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def die_with_parent(parent: int | None = None) -> bool:
+    """Under torchrun, have the kernel SIGKILL this process when its agent dies; False where nothing was
+    set (not under torchrun, not Linux). ``parent``: the agent's pid as seen earlier (default: now).
+
+    A parent that died before the ``prctl`` sends nothing: this process was already handed to a reaper,
+    so its parent is no longer the one seen (or, seen only now, it is init while no torchrun is init)."""
+    if not started_by_torchrun() or not sys.platform.startswith("linux"):
+        return False
+    expected = os.getppid() if parent is None else parent
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        print(f"warning: prctl(PR_SET_PDEATHSIG) failed ({os.strerror(ctypes.get_errno())}): this rank will "
+              "outlive its torchrun agent if the agent is killed", file=sys.stderr)
+        return False
+    if os.getppid() != expected or (expected == 1 and not _init_is_a_launcher()):
+        print(f"error: torchrun agent (pid {expected}) is gone before this rank started: exiting",
+              file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
+
+
+def _init_is_a_launcher() -> bool:
+    """Whether PID 1 is torchrun itself (a container whose entry point it is), not a reaper."""
+    try:
+        return b"torch" in Path("/proc/1/cmdline").read_bytes()
+    except OSError:
+        return True  # cannot tell: do not kill a rank on a guess
+
+
+# --- the holder of a run dir ---------------------------------------------------------------------
+
+
+@dataclass
+class Holder:
+    """Another launch's ranks in the run dir, as their heartbeats tell."""
+    launch: str  # its launch id (heartbeat.launch_id)
+    beats: list[dict]
+    alive: bool
+    why: str  # why alive, or why stale
+    number: int | None = None  # its launches/NNN, where it can be told
+    hosts: list[str] = field(init=False)
+    pids: list[int] = field(init=False)
+    last_beat: float = field(init=False)
+
+    def __post_init__(self):
+        self.hosts = sorted({b.get("host", "?") for b in self.beats})
+        self.pids = [b.get("pid") for b in sorted(self.beats, key=lambda b: b.get("rank", 0))]
+        self.last_beat = max(b.get("time", 0.0) for b in self.beats)
+
+    def describe(self, now: float | None = None) -> str:
+        now = time.time() if now is None else now
+        number = f"launch {self.number:03d}" if self.number else "a launch"
+        ranks = ", ".join(f"rank {b.get('rank')} pid {b.get('pid')} on {b.get('host')} (step {b.get('step')}, "
+                          f"{b.get('phase')})" for b in sorted(self.beats, key=lambda b: b.get("rank", 0)))
+        return (f"{number} (id {self.launch}) on {', '.join(self.hosts)}: {ranks}; last beat "
+                f"{max(0.0, now - self.last_beat):.1f} s ago; {self.why}")
+
+
+def holders(run: Path, limits, *, now: float | None = None, host: str | None = None,
+            own: str | None = None) -> list[Holder]:
+    """Every other launch whose heartbeats are in ``run``, alive or stale (``limits``: the recipe's
+    ``[launch]``; ``own``: this launch's id, default ``launch_id()``)."""
+    now = time.time() if now is None else now
+    host = socket.gethostname() if host is None else host
+    own = launch_id() if own is None else own
+    groups: dict[str, list[dict]] = {}
+    for b in read_beats(run):
+        if not _ours(b, own, host):
+            groups.setdefault(str(b.get("launch", "?")), []).append(b)
+    found = []
+    for launch, beats in groups.items():
+        local = [b for b in beats if b.get("host") == host]
+        remote = [b for b in beats if b.get("host") != host]
+        alive = [b for b in local if pid_alive(b.get("pid"), b.get("marks", {}).get("process"))]
+        silence, allowed = now - max(b.get("time", 0.0) for b in beats), allowed_silence(beats, limits)
+        if alive:
+            why = f"alive: pid {', '.join(str(b['pid']) for b in alive)} on {host}"
+        elif remote and silence <= allowed:
+            why = f"alive: beating on {', '.join(sorted({b['host'] for b in remote}))} (allowed silence {allowed:g} s)"
+        else:
+            gone = [f"pids {', '.join(str(b.get('pid')) for b in local)} gone from {host}"] if local else []
+            quiet = [f"no beat from {', '.join(sorted({b.get('host', '?') for b in remote}))} for {silence:.0f} s "
+                     f"(allowed {allowed:g} s)"] if remote else []
+            found.append(Holder(launch, beats, False, "stale: " + "; ".join(gone + quiet)))
+            continue
+        found.append(Holder(launch, beats, True, why))
+    for h in found:
+        h.number = launch_number(run, h.beats)
+    return found
+
+
+def claim(run: Path, limits, *, say=None, now: float | None = None, host: str | None = None,
+          own: str | None = None) -> str | None:
+    """Why this launch may not write into ``run`` (another launch's ranks are alive there), or None. A
+    stale holder is taken over: ``say`` (default: print to stderr) is told which."""
+    found = holders(run, limits, now=now, host=host, own=own)
+    live = [h for h in found if h.alive]
+    if live:
+        return (f"run dir {run} is held by another launch whose ranks are alive: "
+                + "; and ".join(h.describe(now) for h in live)
+                + ". One live writer per run dir: stop it (its torchrun and ranks) or train into another run dir")
+    if found:
+        text = "; ".join(h.describe(now) for h in found)
+        (say or (lambda line: print(line, file=sys.stderr, flush=True)))(
+            f"run dir {run}: took over from a stale holder: {text}")
+    return None
+
+
+def _ours(beat: dict, own: str, host: str) -> bool:
+    """A beat of this launch: its id, and on this host, this process or a sibling under the same agent
+    (a killed torchrun's orphans can share the id of a new one on the same default port)."""
+    if beat.get("launch") != own:
+        return False
+    if beat.get("host") != host:
+        return True
+    pid = beat.get("pid")
+    return pid == os.getpid() or _parent(pid) == os.getppid()
+
+
+def allowed_silence(beats: list[dict], limits) -> float:
+    """Seconds a launch may be silent before launch.watchdog ends it as stalled: the first-step
+    allowance until every rank has done a step, else the most lenient phase a rank is in. With stall
+    detection off (``stall_timeout = 0``) the recipe defaults stand in: a holder must go stale some time."""
+    from train.recipe import Launch  # torch-free
+
+    default = Launch()
+    limit = {kind: getattr(limits, key, 0) or getattr(default, key) for kind, key in (
+        ("steady", "stall_timeout"), ("first_step", "stall_timeout_first_step"),
+        ("checkpoint", "stall_timeout_checkpoint"), ("eval", "stall_timeout_eval"))}
+    world = max((b.get("world", 1) for b in beats), default=1)
+    if len(beats) < world or any(b.get("done", 0) == 0 for b in beats):
+        return float(limit["first_step"])
+    return float(max(limit.get(phase_allowance(b.get("phase", "")), limit["steady"]) for b in beats))
+
+
+def pid_alive(pid, started: float | None = None) -> bool:
+    """Whether ``pid`` is a live process on this host (not a zombie) that started at ``started``
+    (heartbeat.process_start_time, same clock and rounding) where that is known."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    stat = _stat(pid)
+    if stat is None or stat[0] in ("Z", "X"):
+        return False
+    if started is None:
+        return True
+    return abs(_start_time(stat) - started) < 1.0
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the command name (state first), None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_start(pid: int) -> float | None:
+    """A local process's wall-clock start as heartbeat.process_start_time computes it; None if gone."""
+    stat = _stat(pid)
+    return None if stat is None else _start_time(stat)
+
+
+def _parent(pid) -> int | None:
+    stat = _stat(pid) if isinstance(pid, int) else None
+    return int(stat[1]) if stat else None
+
+
+def _start_time(stat: list[str]) -> float:
+    """Wall-clock start of a process from its stat fields, as heartbeat.process_start_time computes it."""
+    try:
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+        return boot + int(stat[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, ValueError, IndexError):
+        return float("nan")
+
+
+def launch_number(run: Path, beats: list[dict]) -> int | None:
+    """The holder's ``launches/NNN`` (train.snapshot.record_launch: written by its rank 0 before the
+    trainer starts): the newest one started before its ranks' trainers did."""
+    began = min((b.get("marks", {}).get("trainer", float("inf")) for b in beats), default=float("inf"))
+    best = None
+    for folder in (Path(run) / rundir.LAUNCHES_DIR).glob("[0-9]*"):
+        try:
+            started = datetime.fromisoformat((folder / rundir.STARTED_FILE).read_text().strip()).timestamp()
+        except (OSError, ValueError):
+            continue
+        if started <= began + 1.0 and (best is None or int(folder.name) > best):
+            best = int(folder.name)
+    return best
