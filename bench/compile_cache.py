@@ -29,8 +29,7 @@ import tempfile
 from pathlib import Path
 
 from train.health.goodput import startup_split
-from rundir import REPO
-from train.health.heartbeat import heartbeat_dir
+from rundir import COMPILE_CACHE_DIR, REPO, beat_file
 
 
 def launch(run: Path, steps: int) -> dict[str, float]:
@@ -47,7 +46,7 @@ def launch(run: Path, steps: int) -> dict[str, float]:
                             text=True, timeout=1800)
     if result.returncode != 0:
         raise SystemExit(f"train.py failed:\n{result.stderr[-3000:]}")
-    beat = json.loads((heartbeat_dir(run) / "rank-0.json").read_bytes().strip())
+    beat = json.loads(beat_file(run, 0).read_bytes().strip())
     marks = beat["marks"]
     return startup_split(marks["process"], marks)
 
@@ -61,7 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
         first = launch(run, args.steps)
         control = Path(tmp) / "cold"
         shutil.copytree(run, control)
-        shutil.rmtree(control / "compile_cache")
+        shutil.rmtree(control / COMPILE_CACHE_DIR)
         warm = launch(run, 2 * args.steps)
         cold = launch(control, 2 * args.steps)
     rows = {"first launch (cold cache)": first, "restart, the run's cache": warm, "restart, cache removed": cold}

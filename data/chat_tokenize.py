@@ -20,6 +20,7 @@ import numpy as np
 from datatrove.pipeline.tokens.tokenizer import DocumentTokenizer, TokenizedFile
 
 from data.chat import BadConversation, render, resolve_template, template_sha256
+from data.shards import LOGS_DIR
 from data.tokenizer import Tokenizer
 
 
@@ -68,7 +69,7 @@ class ChatTokenizer(DocumentTokenizer):
                 self.stat_update("tokens", value=len(ids))
                 self.stat_update("trained_tokens", value=int(sum(mask)))
         out.close()
-        log = Path(self.out) / "logs" / "chat" / f"{self._rank:05d}.json"
+        log = Path(self.out) / LOGS_DIR / "chat" / f"{self._rank:05d}.json"
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(json.dumps({"rejected": rejected, "examples": examples}, indent=1) + "\n")
         return out
@@ -78,7 +79,7 @@ def chat_summary(out: Path, template: str | None, chat_key: str) -> dict:
     """The manifest's ``chat`` entry: template, and refused conversations summed over tasks."""
     name, jinja = resolve_template(template)
     rejected, examples = Counter(), {}
-    for log in sorted((Path(out) / "logs" / "chat").glob("*.json")):
+    for log in sorted((Path(out) / LOGS_DIR / "chat").glob("*.json")):
         part = json.loads(log.read_text())
         rejected.update(part["rejected"])
         for reason, example in part["examples"].items():

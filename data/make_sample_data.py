@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from data import tokenize
+from data.shards import LOGS_DIR
 from data.sample_corpus import code_documents, prose_documents
 from data.tokenizer import TINY_TOKENIZER
 
@@ -53,7 +54,7 @@ def build(out: Path, code_bytes: int = 1_500_000, tasks: int = 2) -> dict:
 def tokenize_into_assets(raw: Path, dest: Path, description: dict, **kwargs) -> dict:
     """``data.tokenize`` into a bundled folder: no logs, and metadata naming the bundled tokenizer.json."""
     manifest = tokenize.run(str(raw), dest, TINY_TOKENIZER, description=description, **kwargs)
-    shutil.rmtree(dest / "logs")
+    shutil.rmtree(dest / LOGS_DIR)
     for meta in dest.glob("*.ds.metadata"):  # first line names the (deleted) logs/tokenizer.json
         lines = meta.read_text().split("\n")
         meta.write_text("\n".join(["assets/tokenizer/tokenizer.json|" + lines[0].rsplit("|", 1)[1]] + lines[1:]))

@@ -7,6 +7,7 @@ A tokenized source is one directory written by data.tokenize:
     <dir>/NNNNN_unshuffled.ds.metadata  "tokenizer|token_size", token count, human count
     <dir>/NNNNN_unshuffled.ds.loss      chat sources only: one byte per token, 1 = trained on (loss mask)
     <dir>/manifest.json                 what the loader checks before training (see write_manifest)
+    <dir>/logs/                         datatrove's logging dir: stats, completions (a rerun skips those tasks)
 
 Documents are framed ``<s> text </s>`` (data.tokenizer.FRAMING). Everything here
 reads through numpy memmaps, and every check raises an error naming the file, so
@@ -30,6 +31,7 @@ import numpy as np
 from data.tokenizer import FRAMING
 
 MANIFEST = "manifest.json"
+LOGS_DIR = "logs"  # datatrove's logging dir in a tokenized source's dir (its stats, completions; chat refusals)
 FORMAT = "laneformer-tokens/1"
 _FRAMING_PROBES = 1024  # documents per shard whose BOS/EOS framing is checked
 _CHUNK = 1 << 22

@@ -42,7 +42,7 @@ from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.filters.base_filter import BaseFilter
 
 from data.hf_tokenizer import PROBE_TEXTS, build_fast_tokenizer, document_post_processor
-from data.shards import write_manifest
+from data.shards import LOGS_DIR, write_manifest
 from data.tokenizer import Tokenizer
 from rundir import REPO
 
@@ -113,7 +113,7 @@ def prepare_tokenizer(model_path: Path | None, out: Path) -> tuple[Tokenizer, Pa
     bad = [t for t in PROBE_TEXTS if fast.encode(t).ids != sp.encode(t, bos=True)]
     if bad:
         raise RuntimeError(f"tokenizer.json converted from {sp.path} disagrees with SentencePiece on {bad!r}")
-    path = out / "logs" / "tokenizer.json"
+    path = out / LOGS_DIR / "tokenizer.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     fast.save(str(path))
     return sp, path
@@ -145,7 +145,7 @@ class ExcludeRows(BaseFilter):
 def excluded_rows(out: Path) -> int:
     """Rows ExcludeRows dropped, summed over the tasks' datatrove stats."""
     dropped = 0
-    for path in (out / "logs" / "stats").glob("*.json"):
+    for path in (out / LOGS_DIR / "stats").glob("*.json"):
         for step in json.loads(path.read_text()):
             if step.get("name", "").endswith(ExcludeRows.name):
                 stats = step.get("stats", {})
@@ -196,7 +196,7 @@ def input_columns(description: dict) -> list[str] | None:
 def empty_tokenization(out: Path, description: dict) -> EmptyTokenization:
     """The error for a tokenization that wrote no document, naming the key and the input's columns.
     Its task completions are cleared, so the corrected command tokenizes again instead of skipping."""
-    for done in (out / "logs" / "completions").glob("*"):
+    for done in (out / LOGS_DIR / "completions").glob("*"):
         done.unlink()
     key = ("--chat-key", description["chat_key"]) if description.get("chat_key") else \
         ("--text-key", description.get("text_key", "text"))
@@ -208,7 +208,7 @@ def empty_tokenization(out: Path, description: dict) -> EmptyTokenization:
 
 
 def finish(out: Path, tokenizer: dict, description: dict, tasks: int) -> dict:
-    done = {p.name for p in (out / "logs" / "completions").glob("*")}
+    done = {p.name for p in (out / LOGS_DIR / "completions").glob("*")}
     missing = [r for r in range(tasks) if f"{r:05d}" not in done]
     if missing:
         raise RuntimeError(f"{out}: tokenization tasks {missing[:10]} did not finish; rerun the same command")
@@ -260,7 +260,7 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
     if slurm is None:
         from datatrove.executor import LocalPipelineExecutor
 
-        LocalPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=str(out / "logs")).run()
+        LocalPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=str(out / LOGS_DIR)).run()
         return finish(out, tok_info, desc, tasks)
     from datatrove.executor import SlurmPipelineExecutor
 
@@ -268,7 +268,7 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
     env = f"export PATH={Path(sys.executable).parent}:$PATH PYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}}"
     common = dict(partition=slurm["partition"], time=slurm["time"], qos=slurm.get("qos", ""), env_command=env,
                   mem_per_cpu_gb=slurm.get("mem_per_cpu", 2), sbatch_args=slurm.get("sbatch_args") or {})
-    tok_exec = SlurmPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=str(out / "logs"),
+    tok_exec = SlurmPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=str(out / LOGS_DIR),
                                      cpus_per_task=slurm.get("cpus", 1), job_name=f"tok_{out.name}", **common)
     SlurmPipelineExecutor([WriteManifest(str(out), tok_info, desc, tasks)], tasks=1, depends=tok_exec,
                           logging_dir=str(out / "logs_manifest"), job_name=f"manifest_{out.name}", **common).run()

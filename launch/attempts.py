@@ -42,9 +42,11 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import rundir
-from rundir import exit_file, latest_complete_step, launcher_dir
+from rundir import NODE_LOG_RE, attempts_file, exit_file, latest_complete_step, launcher_dir, logs_dir
 from train.exits import Exit
-from train.health.heartbeat import heartbeat_dir, read_alerts, read_beats, summary
+from rundir import heartbeat_dir
+from train.health.alerts import read_alerts
+from train.health.heartbeat import read_beats, summary
 from train.health.storage import NoSpace, free_bytes, is_out_of_space
 
 # A rank that died of one of these was killed by the node (OOM killer, bad memory, a crash
@@ -52,11 +54,11 @@ from train.health.storage import NoSpace, free_bytes, is_out_of_space
 FAULT_SIGNALS = {signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE}
 _TORCHRUN_FAILURE = re.compile(r"failed \(exitcode: -(\d+)\) local_rank: (\d+)")
 FAULTS = ("crash", "stall")  # the causes [launch] crashes_per_day counts
-_NODE_LOG = re.compile(r"node(\d+)-(.+)\.log")  # launch/sbatch.py: --output=node%t-%N.log
 
 
-def logs_dir(run: Path) -> Path:
-    return launcher_dir(run) / "logs"
+def node_logs(run: Path) -> dict[Path, re.Match]:
+    """Each node's log of a SLURM launch (``rundir.NODE_LOG`` as srun named it: task, host)."""
+    return {p: m for p in logs_dir(run).glob("*.log") if (m := NODE_LOG_RE.fullmatch(p.name))}
 
 
 def checkpoint_step(run: Path) -> int:
@@ -65,7 +67,7 @@ def checkpoint_step(run: Path) -> int:
 
 
 def history(run: Path) -> list[dict]:
-    path = launcher_dir(run) / "attempts.jsonl"
+    path = attempts_file(run)
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
@@ -83,7 +85,7 @@ def _append(run: Path, event: dict) -> dict:
     event = {**event, "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     try:
         launcher_dir(run).mkdir(parents=True, exist_ok=True)
-        with open(launcher_dir(run) / "attempts.jsonl", "a") as f:
+        with open(attempts_file(run), "a") as f:
             f.write(json.dumps(event) + "\n")
     except OSError as e:
         if not is_out_of_space(e):
@@ -104,7 +106,7 @@ def begin(run: Path, job: str, **info) -> dict:
     """Record a start (and where each node log ends now); clear the previous start's exit note
     and heartbeats (launch.watchdog reads this start's only)."""
     exit_file(run).unlink(missing_ok=True)
-    logs = {p.name: p.stat().st_size for p in logs_dir(run).glob("node*.log")}
+    logs = {p.name: p.stat().st_size for p in node_logs(run)}
     event = _append(run, {"event": "start", "job": job, "step": checkpoint_step(run), **info, "logs": logs})
     shutil.rmtree(heartbeat_dir(run), ignore_errors=True)  # after the record: on a full disk, it says so
     return event
@@ -204,9 +206,7 @@ def fault_nodes(run: Path, offsets: dict[str, int], nodes: list[str] = ()) -> se
     (one task per node, in node-list order); the host part names the node only where
     hosts and nodes are one (not for emulated nodes sharing a host)."""
     found = set()
-    for path in logs_dir(run).glob("node*.log"):
-        if not (m := _NODE_LOG.fullmatch(path.name)):
-            continue
+    for path, m in node_logs(run).items():
         task = int(m.group(1))
         node = nodes[task] if task < len(nodes) else m.group(2)
         with open(path, "rb") as f:

@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rundir import REPO, exit_file, launcher_dir
+from rundir import BATCH_LOG, NODE_LOG, REPO, exit_file, logs_dir
 from train.exits import EXIT_FILE_ENV
 
 SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
@@ -76,7 +76,7 @@ def environment(job: Job) -> list[str]:
 
 def render(job: Job) -> str:
     q = shlex.quote
-    run, logs = job.run_dir, launcher_dir(job.run_dir) / "logs"
+    run, logs = job.run_dir, logs_dir(job.run_dir)
     directives = [
         f"--job-name={job.name}",
         f"--nodes={job.nodes}",
@@ -88,7 +88,7 @@ def render(job: Job) -> str:
         f"--signal=B:USR1@{job.signal_lead}",
         "--requeue",
         "--open-mode=append",
-        f"--output={logs}/batch.log",
+        f"--output={logs / BATCH_LOG}",
     ]
     torchrun = Path(job.python).parent / "torchrun"
     port = job.rdzv_port or "$((20000 + SLURM_JOB_ID % 20000))"
@@ -112,7 +112,7 @@ def render(job: Job) -> str:
         "srun_pid=",
         'trap \'echo "$(date -Is) SIGUSR1: checkpoint and requeue"; '
         '[ -n "$srun_pid" ] && kill -USR1 "$srun_pid"\' USR1',
-        f'srun --kill-on-bad-exit=1 --ntasks-per-node=1 --output={q(str(logs))}/node%t-%N.log --open-mode=append \\',
+        f'srun --kill-on-bad-exit=1 --ntasks-per-node=1 --output={q(str(logs / NODE_LOG))} --open-mode=append \\',
         f"  {q(str(torchrun))} --nnodes={job.nodes} --nproc-per-node={job.nproc_per_node} \\",
         '  --rdzv-backend=c10d --rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID" \\',
         f"  --signals-to-handle={SIGNALS_TO_HANDLE} --shutdown-timeout={job.signal_lead} \\",

@@ -34,11 +34,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launch.attempts import checkpoint_step, history, job_info, launcher_dir
+from launch.attempts import checkpoint_step, history, job_info
 from train.health.goodput import lines as goodput_lines
 from launch.sbatch import Job, render
-from rundir import recorded_recipe
-from train.health.heartbeat import read_alerts
+from rundir import JOBS_FILE, RECIPE_FILE, SBATCH_FILE, launcher_dir, logs_dir, recorded_recipe
+from train.health.alerts import read_alerts
 from train import recipe as R
 
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUE_HOLD",
@@ -46,7 +46,7 @@ ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPEN
 
 
 def job_ids(run: Path) -> list[str]:
-    path = launcher_dir(run) / "jobs"
+    path = launcher_dir(run) / JOBS_FILE
     return path.read_text().split() if path.exists() else []
 
 
@@ -103,7 +103,7 @@ def submit(args) -> int:
         run = recipe.output_dir
         recipe.run.output_dir = str(run)  # the frozen recipe must not depend on the job's cwd
         script = render(Job(
-            run_dir=run, recipe=launcher_dir(run) / "recipe.toml", name=recipe.run.name,
+            run_dir=run, recipe=launcher_dir(run) / RECIPE_FILE, name=recipe.run.name,
             nodes=args.nodes, gpus_per_node=args.gpus_per_node, nproc_per_node=nproc,
             partition=args.partition, account=args.account, time=args.time, exclude=args.exclude,
             exclusive=not args.no_exclusive, signal_lead=args.signal_lead,
@@ -132,11 +132,12 @@ def submit(args) -> int:
     from train.snapshot import record_launch
 
     launch = record_launch(recipe, config)
-    (launcher_dir(run) / "logs").mkdir(parents=True, exist_ok=True)
-    (launcher_dir(run) / "recipe.toml").write_text(R.to_toml(recipe))
-    (launcher_dir(run) / "job.sbatch").write_text(script)
+    logs_dir(run).mkdir(parents=True, exist_ok=True)
+    (launcher_dir(run) / RECIPE_FILE).write_text(R.to_toml(recipe))
+    batch = launcher_dir(run) / SBATCH_FILE
+    batch.write_text(script)
     try:
-        out = subprocess.run(["sbatch", "--parsable", str(launcher_dir(run) / "job.sbatch")],
+        out = subprocess.run(["sbatch", "--parsable", str(batch)],
                              capture_output=True, text=True)
     except OSError as e:
         print(f"error: cannot run sbatch: {e}", file=sys.stderr)
@@ -145,7 +146,7 @@ def submit(args) -> int:
         print(f"error: sbatch failed: {out.stderr.strip()}", file=sys.stderr)
         return 1
     job_id = out.stdout.strip().split(";")[0]
-    with open(launcher_dir(run) / "jobs", "a") as f:
+    with open(launcher_dir(run) / JOBS_FILE, "a") as f:
         f.write(job_id + "\n")
     print(f"submitted job {job_id}: run {run}, snapshot {launch}")
     return 0
@@ -203,9 +204,9 @@ def local_launches(run: Path) -> list[str]:
 
 
 def logs(run: Path, lines: int, follow: bool) -> int:
-    files = sorted((launcher_dir(run) / "logs").glob("*.log"))
+    files = sorted(logs_dir(run).glob("*.log"))
     if not files:
-        print(f"no logs yet in {launcher_dir(run) / 'logs'}", file=sys.stderr)
+        print(f"no logs yet in {logs_dir(run)}", file=sys.stderr)
         return 1
     os.execvp("tail", ["tail", "-n", str(lines), *(["-F"] if follow else []), *map(str, files)])
 

@@ -10,15 +10,22 @@ a SLURM batch script can use it::
     <run>/metrics.jsonl               every logged metric
     <run>/evals/step-<N>.json         in-loop evaluations
     <run>/checkpoints/step-<N>/       DCP checkpoints; complete once ``.metadata`` exists
-    <run>/launches/<n>/               per-launch snapshot (commit, diff, packages, code)
-    <run>/launcher/                   attempts.jsonl, exit.json, the frozen recipe, logs/
+    <run>/launches/<n>/               per-launch snapshot (started, git-commit, git-status, git.diff,
+                                      packages.txt, code/)
+    <run>/launcher/                   attempts.jsonl, exit.json, the frozen recipe, jobs, job.sbatch
+    <run>/launcher/logs/              batch.log and node<t>-<host>.log (SLURM), local/ (launch.local)
     <run>/launcher/heartbeat/         each rank's heartbeat and stack dump
     <run>/alerts.jsonl                what the ranks flag for people (stragglers, replica mismatches)
     <run>/rollbacks.jsonl             spike rollbacks
     <run>/stalls/<attempt>/           a stalled launch's stacks and stall.json
-    <run>/report/report.html          the run report
+    <run>/report/report.html          the run report (and refresh.log)
+    <run>/plan.json                   the memory plan the report draws (train.report --plan-gpu)
     <run>/hf/                         the end-of-run Hugging Face export (default)
-    <sweep>/sweep.json, <sweep>/runs/ a sweep dir: its record and its runs
+    <run>/tensorboard/, compile_cache/
+    <sweep>/sweep.json                a sweep dir (launch.sweep): its record, a dir per run, logs/,
+    <sweep>/comparison.csv ...        and train.report's comparison.csv, summary.csv, report.html
+
+Run dirs go to ``runs/<name>`` in the repo unless a recipe says otherwise; sweeps to ``runs/sweeps/<name>``.
 
 Every file name under a run dir or a sweep dir is defined here, once, and imported by
 its writers and readers alike (tests/rundir/test_names.py holds the rest of the repo to it).
@@ -57,14 +64,37 @@ REPORT_DIR = "report"
 REPORT_PAGE = "report.html"  # in report/
 REPORT_LOG = "refresh.log"  # in report/: the in-run refresh's output
 VERIFIED_FILE = "replicas_verified.json"  # in a checkpoint's step-N dir: its replicas were compared
+PLAN_FILE = "plan.json"  # python -m train.report RUN --plan-gpu KIND traces the memory plan into it
+# under launches/<n>/: what a launch ran (train.snapshot writes it, train.report reads it)
+STARTED_FILE = "started"
+GIT_COMMIT_FILE = "git-commit"
+GIT_STATUS_FILE = "git-status"
+GIT_DIFF_FILE = "git.diff"
+PACKAGES_FILE = "packages.txt"
+CODE_DIR = "code"
 # under launcher/
 ATTEMPTS_FILE = "attempts.jsonl"
 EXIT_FILE = "exit.json"
 HEARTBEAT_DIR = "heartbeat"
-LOGS_DIR = "logs"
-# a sweep dir
+LOGS_DIR = "logs"  # also in a sweep dir: launch.local's output, a file per run
+JOBS_FILE = "jobs"  # launch.slurm: the run's job ids, one a line
+SBATCH_FILE = "job.sbatch"  # launch.slurm: the batch script it submitted
+# under launcher/heartbeat/ and stalls/<attempt>/, one file a rank (str.format(rank=R); rank="*" to glob)
+BEAT_FILE = "rank-{rank}.json"
+STACKS_FILE = "rank-{rank}.stacks"  # faulthandler's dump
+STALL_STACKS_FILE = "rank-{rank}.txt"  # in stalls/<attempt>/: the dump with what the watchdog knew
+# under launcher/logs/
+BATCH_LOG = "batch.log"  # the SLURM batch script's own output
+NODE_LOG = "node%t-%N.log"  # srun's --output: each node's torchrun (SLURM fills in the task %t and host %N)
+NODE_LOG_RE = re.compile(r"node(\d+)-(.+)\.log")  # NODE_LOG as srun filled it in
+LOCAL_LOGS_DIR = "local"  # launch.local's torchrun --log-dir, a folder per start
+# a sweep dir: its runs' dirs, LOGS_DIR, and train.report's comparison (REPORT_PAGE too)
 SWEEP_FILE = "sweep.json"
-SWEEP_RUNS_DIR = "runs"
+COMPARISON_FILE = "comparison.csv"
+SUMMARY_FILE = "summary.csv"
+# in the repo: where run dirs and sweep dirs go by default (runs/<name>, runs/sweeps/<name>)
+RUNS_DIR = "runs"
+SWEEPS_DIR = "sweeps"
 
 _STEP = re.compile(r"step-(\d+)")
 
@@ -171,11 +201,16 @@ def eval_file(run: Path, step: int) -> Path:
     return Path(run) / EVALS_DIR / f"step-{step}.json"
 
 
+def eval_files(run: Path) -> dict[int, Path]:
+    """Every in-loop eval of the run, by step."""
+    found = ((step_number(p.with_suffix("")), p) for p in (Path(run) / EVALS_DIR).glob("step-*.json"))
+    return {n: p for n, p in found if n is not None}
+
+
 def latest_evals(run: Path) -> dict[str, float] | None:
     """The metrics of the run's latest in-loop eval, or None before the first."""
-    reports = [(n, p) for p in (Path(run) / EVALS_DIR).glob("step-*.json") if (n := step_number(p.with_suffix("")))
-               is not None]
-    return json.loads(max(reports)[1].read_text())["metrics"] if reports else None
+    reports = eval_files(run)
+    return json.loads(reports[max(reports)].read_text())["metrics"] if reports else None
 
 
 def launcher_dir(run: Path) -> Path:
@@ -193,9 +228,24 @@ def attempts_file(run: Path) -> Path:
     return launcher_dir(run) / ATTEMPTS_FILE
 
 
+def logs_dir(run: Path) -> Path:
+    """The launchers' logs: SLURM's batch.log and a log per node, launch.local's folder per start."""
+    return launcher_dir(run) / LOGS_DIR
+
+
 def heartbeat_dir(run: Path) -> Path:
     """Each rank's ``rank-<R>.json`` heartbeat and ``rank-<R>.stacks`` dump (train.health.heartbeat)."""
     return launcher_dir(run) / HEARTBEAT_DIR
+
+
+def beat_file(run: Path, rank: int) -> Path:
+    """A rank's heartbeat (train.health.heartbeat writes it, launch.watchdog and goodput read it)."""
+    return heartbeat_dir(run) / BEAT_FILE.format(rank=rank)
+
+
+def stacks_file(run: Path, rank: int) -> Path:
+    """Where a rank's faulthandler dumps its stacks on the watchdog's signal."""
+    return heartbeat_dir(run) / STACKS_FILE.format(rank=rank)
 
 
 def alerts_file(run: Path) -> Path:

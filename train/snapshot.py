@@ -34,7 +34,7 @@ def code_files() -> list[Path]:
     return sorted(
         Path(f) for f in listed
         if (Path(f).suffix in CODE_SUFFIXES or Path(f).name in CODE_NAMES)
-        and not f.startswith(("assets/", "runs/")) and (REPO / f).is_file()
+        and Path(f).parts[0] not in ("assets", rundir.RUNS_DIR) and (REPO / f).is_file()
     )
 
 
@@ -53,15 +53,15 @@ def record_launch(recipe: Recipe, model_config) -> Path:
     tmp = launches / f".{n:03d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    (tmp / "started").write_text(datetime.now(timezone.utc).isoformat() + "\n")
-    (tmp / "git-commit").write_text(_git("rev-parse", "HEAD"))
-    (tmp / "git-status").write_text(_git("status", "--short"))
-    (tmp / "git.diff").write_text(_git("diff", "HEAD"))
-    (tmp / "packages.txt").write_text("".join(
+    (tmp / rundir.STARTED_FILE).write_text(datetime.now(timezone.utc).isoformat() + "\n")
+    (tmp / rundir.GIT_COMMIT_FILE).write_text(_git("rev-parse", "HEAD"))
+    (tmp / rundir.GIT_STATUS_FILE).write_text(_git("status", "--short"))
+    (tmp / rundir.GIT_DIFF_FILE).write_text(_git("diff", "HEAD"))
+    (tmp / rundir.PACKAGES_FILE).write_text("".join(
         sorted(f"{d.metadata['Name']}=={d.version}\n" for d in importlib.metadata.distributions())
     ))
     for f in code_files():
-        (tmp / "code" / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / f, tmp / "code" / f)
+        (tmp / rundir.CODE_DIR / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / f, tmp / rundir.CODE_DIR / f)
     tmp.rename(launch)
     return launch

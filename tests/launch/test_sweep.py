@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from launch.attempts import history
-from launch.sweep import main as sweep_main
+from launch.sweep.__main__ import main as sweep_main
 from rundir import REPO
 from tests.conftest import env
 from train.report.__main__ import main as report_main

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from launch.attempts import decide
-from train.health.consistency import checksum, plan_lines, vote
 from train.exits import Exit
+from train.health.consistency import checksum, vote
+from train.plan.replica import plan_lines
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

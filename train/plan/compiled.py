@@ -31,8 +31,10 @@ from dataclasses import dataclass
 
 import torch
 
+from rundir.table import text_table
+
 from .gpus import Gpu
-from .roofline import Speed, text_table
+from .roofline import Speed
 from .step import Shape, _build, _visible_pairs
 
 COMPILED_NOTE = ("estimate: Inductor's fused kernels of one layer (CPU scheduler) at max(FLOPs/peak, "
@@ -234,7 +236,8 @@ class CompiledEstimate:
         rows.append(["layer total", *(f"{len(ks)}" for ks in sides.values()),
                      *(f"{sum(k.bytes for k in ks) / 1e9:.3f}" for ks in sides.values()),
                      *(f"{sum(map(ms, ks)):.3f}" for ks in sides.values())])
-        lines += text_table(["kernels", "lanes n", "dense n", "lanes GB", "dense GB", "lanes ms", "dense ms"], rows)
+        lines += text_table(["kernels", "lanes n", "dense n", "lanes GB", "dense GB", "lanes ms", "dense ms"], rows,
+                            numbers=True)
         lines.append("in passes over one lane-wide tensor (bytes / " f"{self.lane_tensor_bytes / 1e9:.3f} GB): "
                      + "; ".join(f"{side} {self.passes(ks):.1f} (fused kernels {self.passes(ks, 'fused'):.1f}, "
                                  f"matmuls and other extern kernels {self.passes(ks, 'extern'):.1f})"
@@ -249,7 +252,7 @@ class CompiledEstimate:
             rows.append([f"({len(ranked) - top} more)" if len(ranked) > top else "", "", "", "", "", "",
                          f"{rest:.3f}", f"{rest / total:.1%}"])
             lines += ["", f"{side}: layer {self.layer}, largest kernels"]
-            lines += text_table(["phase", "kind", "fuses", "GB", "GFLOP", "bound", "ms", "share"], rows)
+            lines += text_table(["phase", "kind", "fuses", "GB", "GFLOP", "bound", "ms", "share"], rows, numbers=True)
         return lines
 
 

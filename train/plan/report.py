@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from rundir.progress import progress
+from rundir.table import text_table
 from train import recipe as R
 
 from .comm import Cluster, Communication, Layout, candidate_layouts, cluster_for, communication
@@ -25,7 +26,8 @@ from .data import data_report, realized_mix
 from .gpus import GIB, GPUS, Gpu
 from .interval import Interval, checkpoint_interval
 from .memory import FIT_FRACTION, Memory, memory_plan, memory_plans
-from .roofline import ROOFLINE_NOTE, Speed, ops_table, roofline, text_table
+from .replica import plan_lines
+from .roofline import ROOFLINE_NOTE, Speed, ops_table, roofline
 from .step import AC_MODES, STAND_IN_NOTE, Shape
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
@@ -166,7 +168,7 @@ def sweep_lines(sw: Sweep, recipe: R.Recipe) -> list[str]:
                              s.accumulation or "does not divide", f"{s.speed.tokens_per_s:,.0f}", f"{s.speed.mfu:.1%}"])
         lines += [f"parameters sharded over {shard} GPUs (traced peak; reduce every micro batch, default resharding):"]
         lines += text_table(["AC", "micro batch", "peak GiB", "fits", "accumulation", "roofline tokens/s/GPU", "MFU"],
-                            [[str(c) for c in r] for r in rows])
+                            rows, numbers=True)
     best, ranked = sw.best, sw.ranked
     if best is None:
         return lines + [f"recommended: nothing fits on {sw.gpu.label} at this global batch"]
@@ -179,7 +181,7 @@ def sweep_lines(sw: Sweep, recipe: R.Recipe) -> list[str]:
              f"{s.comm.exposed_s / s.comm.step_s:.1%}", f"{s.comm.tokens_per_s:,.0f}", f"{s.comm.mfu:.1%}"]
             for s in ranked[:TOP] + ([best] if best not in ranked[:TOP] else [])]
     lines += text_table(["", "layout", "reshard", "reduce_grads", "AC", "micro batch", "peak GiB", "network GB",
-                         "intra-node GB", "exposed", "tokens/s/GPU", "MFU"], [[str(c) for c in r] for r in rows])
+                         "intra-node GB", "exposed", "tokens/s/GPU", "MFU"], rows, numbers=True)
     c = best.comm
     return lines + [
         f"recommended: micro batch {best.micro_batch}, activation checkpointing {best.ac} (within {TIE:.0%} of the "
@@ -239,8 +241,6 @@ class Plan:
         return [] if self.comm is None else self.comm.lines() + self.replica_check_lines()
 
     def replica_check_lines(self) -> list[str]:
-        from train.health.consistency import plan_lines
-
         layout, t = self.comm.layout, self.recipe.training
         return plan_lines(self.nparams, layout.replicate, layout.shard, t.consistency_every,
                           self.recipe.checkpoint.interval, self.gpu.dram_gbs, self.comm.step_s)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from rundir.table import text_table
+
 from .gpus import Gpu
 from .step import Shape, _ac_config, _batch, _build, _loss, _windows, use_cuda_kernels
 
@@ -241,12 +243,6 @@ _CATEGORIES = {"mm": "matmul", "bmm": "matmul", "addmm": "matmul", "attention": 
                "_to_copy": "copies (layout, dtype)"}
 
 
-def text_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    fmt = lambda r: "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-    return [fmt(header), fmt(["-" * w for w in widths]), *map(fmt, rows)]
-
-
 def _layer_ops(speed: Speed, layer: int) -> list[Op]:
     tag = f"layers.{layer}"
     return [op for op in speed.ops if op.where == tag or op.where.startswith(tag + ".")]
@@ -268,7 +264,7 @@ def ops_table(lanes: Speed, dense: Speed, layer: int, top: int = 20) -> list[str
             for c in kinds]
     rows.append(["layer total", f"{totals['lanes'] * 1e3:.3f}", f"{totals['dense'] * 1e3:.3f}",
                  f"{totals['lanes'] / totals['dense']:.2f}"])
-    lines += text_table(["kind", "lanes ms", "dense ms", "lanes/dense"], rows)
+    lines += text_table(["kind", "lanes ms", "dense ms", "lanes/dense"], rows, numbers=True)
     for k, ops in sides.items():
         groups: dict[tuple, list[Op]] = defaultdict(list)
         for op in ops:
@@ -285,6 +281,6 @@ def ops_table(lanes: Speed, dense: Speed, layer: int, top: int = 20) -> list[str
         rows.append([f"({len(ranked) - top} more rows)" if len(ranked) > top else "", "", "", "", "", "",
                      f"{rest * 1e3:.3f}", f"{rest / totals[k]:.1%}"])
         lines += ["", f"{k}: layer {layer}, largest rows"]
-        lines += text_table(["module", "op", "phase", "calls", "GB", "bound", "ms", "share"], rows)
+        lines += text_table(["module", "op", "phase", "calls", "GB", "bound", "ms", "share"], rows, numbers=True)
     return lines
 

@@ -14,16 +14,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rundir import REPORT_DIR, REPORT_PAGE, report_dir
 from train.report.runs import ReportError, continue_runs, header, read_run
 
-REPORT_DIR = "report"
-PAGE = "report.html"
+PAGE = REPORT_PAGE  # train.py and train/report_hook.py import these two from here until they take rundir's
 
-__all__ = ["REPORT_DIR", "PAGE", "ReportError", "write_report", "report_dir"]
-
-
-def report_dir(run: Path) -> Path:
-    return Path(run) / REPORT_DIR
+__all__ = ["REPORT_DIR", "PAGE", "ReportError", "write_report"]
 
 
 def write_report(runs: list[Path], out: Path | None = None) -> Path:
@@ -37,8 +33,8 @@ def write_report(runs: list[Path], out: Path | None = None) -> Path:
     out = Path(out) if out is not None else report_dir(read[0].path)
     out.mkdir(parents=True, exist_ok=True)
     figures = all_figures(read, out)
-    path = out / PAGE
-    tmp = path.with_name(f".{PAGE}.tmp")
+    path = out / REPORT_PAGE
+    tmp = path.with_name(f".{REPORT_PAGE}.tmp")
     tmp.write_text(page(read, [header(r) for r in read], figures))
     tmp.replace(path)  # a reader never sees half a page
     return path

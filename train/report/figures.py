@@ -16,13 +16,13 @@ from pathlib import Path
 from matplotlib.figure import Figure as MplFigure
 from matplotlib.ticker import EngFormatter, FuncFormatter
 
+from rundir import PLAN_FILE
 from train.report.runs import Run
 
 CAUSE_COLORS = {"preempted": "tab:orange", "crash": "tab:red", "stall": "tab:brown", "restart": "tab:gray",
                 "rollback": "tab:purple"}
 SMOOTHING = 0.9  # the most weight of the debiased exponential moving average (TensorBoard's slider)
 EVALPLUS_KEYS = ("humaneval/pass@1", "humaneval+/pass@1", "mbpp/pass@1", "mbpp+/pass@1")
-PLAN_FILE = "plan.json"  # in a run dir: python -m train.report RUN --plan-gpu KIND writes it
 
 
 @dataclass

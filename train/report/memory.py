@@ -13,7 +13,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from train.report.figures import PLAN_FILE
+from rundir import PLAN_FILE, RECIPE_FILE
 
 GIB = 1024**3
 # The bar's parts, from FSDPMemTracker's kinds at the peak.
@@ -64,7 +64,7 @@ def record_plan(run: Path, gpu: str, gpus: int) -> dict:
     from train.build import model_config
     from train.plan import GPUS, Shape, memory_plan
 
-    recipe = R.load(str(Path(run) / "recipe.toml"))
+    recipe = R.load(str(Path(run) / RECIPE_FILE))
     R.check_world(recipe, gpus)
     memory = memory_plan(model_config(recipe), Shape.of(recipe, gpus), GPUS[gpu])
     out = {"gpu": GPUS[gpu].label, "gpus": gpus, "memory": memory.to_json()}

@@ -19,9 +19,8 @@ from datetime import datetime
 from pathlib import Path
 
 import rundir
+from train.callbacks.report import LAUNCH_METRIC, PARAMETERS_METRIC
 
-LAUNCH_METRIC = "launch"  # logged by train.report_hook at a process's first step: the launch number
-PARAMETERS_METRIC = "parameters"  # ... and the model's parameter count
 
 
 class ReportError(ValueError):
@@ -121,14 +120,11 @@ def read_run(path: Path) -> Run:
         rows: dict[int, dict] = {}
         for row in rundir.read_metrics(path):
             rows.setdefault(row["step"], {}).update(row)
-        attempts = rundir.read_jsonl(path / rundir.LAUNCHER_DIR / "attempts.jsonl")
+        attempts = rundir.read_jsonl(rundir.attempts_file(path))
     except (ValueError, KeyError) as e:
         raise ReportError(str(e) if isinstance(e, ValueError) else f"{path / rundir.METRICS_FILE}: a row without "
                           f"{e}") from None
-    evals = {}
-    for f in (path / rundir.EVALS_DIR).glob("step-*.json"):
-        if (step := rundir.step_number(f.with_suffix(""))) is not None:
-            evals[step] = _read_json(f)
+    evals = {step: _read_json(f) for step, f in rundir.eval_files(path).items()}
     from train.health.rollback import read_rollbacks
 
     rollbacks = [Restart(r["to_step"], "rollback", r["time"]) for r in read_rollbacks(path)]
@@ -183,10 +179,11 @@ def header(run: Run) -> list[tuple[str, str]]:
     launches = sorted(p for p in (path / rundir.LAUNCHES_DIR).glob("[0-9]*") if p.is_dir())
     commit = "unknown"
     if launches:
-        commit = (launches[-1] / "git-commit").read_text().strip()[:12] if (launches[-1] / "git-commit").exists() \
-            else commit
-        if (launches[-1] / "git-status").exists() and (launches[-1] / "git-status").read_text().strip():
-            commit += " + uncommitted changes (launches/{}/git.diff)".format(launches[-1].name)
+        last = launches[-1]
+        if (last / rundir.GIT_COMMIT_FILE).exists():
+            commit = (last / rundir.GIT_COMMIT_FILE).read_text().strip()[:12]
+        if (last / rundir.GIT_STATUS_FILE).exists() and (last / rundir.GIT_STATUS_FILE).read_text().strip():
+            commit += f" + uncommitted changes ({last.relative_to(path) / rundir.GIT_DIFF_FILE})"
     step, planned = run.last_step, run.planned_steps
     seen, total = run.tokens(step) - run.offset, planned * run.tokens_per_step
     steps = rundir.complete_steps(path)
@@ -242,9 +239,9 @@ def parameters(run: Run) -> str:
 def wall_time(path: Path, launches: list[Path]) -> str:
     """From the first launch's start to the last metric written."""
     metrics = path / rundir.METRICS_FILE
-    if not launches or not (launches[0] / "started").exists() or not metrics.exists():
+    if not launches or not (launches[0] / rundir.STARTED_FILE).exists() or not metrics.exists():
         return "unknown"
-    start = datetime.fromisoformat((launches[0] / "started").read_text().strip())
+    start = datetime.fromisoformat((launches[0] / rundir.STARTED_FILE).read_text().strip())
     return _duration(metrics.stat().st_mtime - start.timestamp()) + " (the first launch to the last metric)"
 
 

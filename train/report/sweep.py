@@ -35,9 +35,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from rundir import COMPARISON_FILE, RECIPE_FILE, REPORT_PAGE, SUMMARY_FILE, SWEEP_FILE
+from rundir.table import text_table
 from train.report.runs import ReportError, Run, read_run
 
-SWEEP_FILE = "sweep.json"  # launch.sweep writes it in the sweep dir
 TRAIN, VAL, BPB, TPS = "loss_metrics/global_avg_loss", "eval/val_loss", "eval/val_bpb", "throughput(tps)"
 COMPARISON_FIELDS = ["variant", "seed", "run_dir", "tokens", "train_loss", "val_loss", "val_bpb", "tokens_per_s"]
 SUMMARY_FIELDS = ["variant", "n", "val_loss_mean", "val_loss_std", "delta_vs_baseline", "sigmas", "verdict"]
@@ -83,7 +84,7 @@ def read_sweep(folder: Path) -> tuple[dict, list[SweepRun], list[str]]:
         raise ReportError(f"{folder / SWEEP_FILE}: not a sweep record launch.sweep wrote ({e})") from None
     runs, notes = [], []
     for variant, seed, path in listed:
-        if not (path / "recipe.toml").is_file():
+        if not (path / RECIPE_FILE).is_file():
             notes.append(f"{path.name}: not started; left out")
             continue
         run = read_run(path)
@@ -188,11 +189,9 @@ def summary_lines(c: Comparison) -> list[str]:
     header = ["variant", "n", "mean", "std", "delta", "sigmas", "verdict"]
     rows = [[r["variant"], str(r["n"]), f"{r['val_loss_mean']:.4f}", _fmt(r["val_loss_std"], ".4f"),
              _fmt(r["delta_vs_baseline"], "+.4f"), _fmt(r["sigmas"], "+.1f"), r["verdict"]] for r in c.summary]
-    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
-    table = ["  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip() for row in (header, *rows)]
     return [f"{what} at step {c.step:,} = {c.tokens:,} tokens (the last step every run reached with it); "
             f"sigma: the two-sample standard error from the seeds of the variant and the baseline; "
-            f"within seed noise: |sigmas| below Student's t at 95%", *table, *c.notes]
+            f"within seed noise: |sigmas| below Student's t at 95%", *text_table(header, rows), *c.notes]
 
 
 def _fmt(value, spec: str) -> str:
@@ -211,12 +210,12 @@ def write_sweep_report(folder: Path, out: Path | None = None) -> tuple[Path, lis
     c.notes += notes
     out = Path(out) if out is not None else folder
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / "comparison.csv", COMPARISON_FIELDS, c.rows)
-    write_csv(out / "summary.csv", SUMMARY_FIELDS, c.summary)
+    write_csv(out / COMPARISON_FILE, COMPARISON_FIELDS, c.rows)
+    write_csv(out / SUMMARY_FILE, SUMMARY_FIELDS, c.summary)
     lines = summary_lines(c)
     fit = scaling_lines([r.run for r in runs], c.metric)
     lines += fit
-    page = out / "report.html"
+    page = out / REPORT_PAGE
     page.write_text(sweep_page(record["name"], runs, c, lines, out))
     return page, lines
 
