@@ -4,7 +4,11 @@
 
 (train.py is in train's layer; tests may import anything). Every import counts: at module
 level, inside functions, under ``if TYPE_CHECKING``. An upward import is how a cycle starts
-(the decoder's CLI once imported eval.load while eval.load imported the decoder)."""
+(the decoder's CLI once imported eval.load while eval.load imported the decoder).
+
+``train`` has rooms of its own, layered the same way (``TRAIN_ROOMS``, lowest first): its
+base modules, the run's health, the callbacks, the trainer and its torchtitan adapter, the
+build, the planner, the report, and the entry points. No import circle inside train/."""
 
 from __future__ import annotations
 
@@ -14,6 +18,16 @@ from pathlib import Path
 from rundir import REPO
 
 LAYERS = ["rundir", "data", "models", "eval", "train", "launch", "bench"]
+TRAIN_ROOMS = [
+    ["train.exits", "train.recipe", "train.cpu", "train.snapshot"],
+    ["train.health"],
+    ["train.callbacks"],
+    ["train.titan", "train.trainer"],
+    ["train.build"],
+    ["train.plan"],
+    ["train.report"],
+    ["train.data", "train.config_registry", "train"],  # the entry points ("train": the train.py script)
+]
 SKIP = {"tests", ".venv", "runs", "assets", "recipes"}
 
 
@@ -30,8 +44,9 @@ def module_name(root: Path, path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(root: Path, path: Path) -> list[tuple[int, str]]:
-    """(line, dotted module) of every import in ``path``, relative ones resolved."""
+def imports(root: Path, path: Path, names: bool = False) -> list[tuple[int, str]]:
+    """(line, dotted module) of every import in ``path``, relative ones resolved; with ``names``, also
+    ``package.name`` for each ``from package import name`` (it may be a module)."""
     package = module_name(root, path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
@@ -43,6 +58,8 @@ def imports(root: Path, path: Path) -> list[tuple[int, str]]:
             base = package[: len(package) - node.level + 1] if node.level else []
             module = ".".join([*base, *([node.module] if node.module else [])])
             found.append((node.lineno, module))
+            if names:
+                found += [(node.lineno, f"{module}.{a.name}") for a in node.names]
     return found
 
 
@@ -64,8 +81,94 @@ def upward_imports(root: Path) -> list[str]:
     return found
 
 
+def room_of(module: str) -> int | None:
+    """The room in train/ of a dotted module name (``train.health.guard`` -> the health room), or None."""
+    for i, room in enumerate(TRAIN_ROOMS):
+        if any(module == r or (r != "train" and module.startswith(r + ".")) for r in room):
+            return i
+    return None
+
+
+def train_modules(root: Path) -> dict[str, Path]:
+    found = {module_name(root, p): p for p in sorted((root / "train").rglob("*.py"))}
+    if (root / "train.py").exists():
+        found["train"] = root / "train.py"
+    return found
+
+
+def upward_in_train(root: Path) -> list[str]:
+    """``file:line: a (room) imports b (higher room)`` inside train/, and modules in no room."""
+    found = []
+    for name, path in train_modules(root).items():
+        own = room_of(name)
+        if own is None:
+            found.append(f"{path.relative_to(root)}: {name} is in no room of TRAIN_ROOMS")
+            continue
+        for line, target in imports(root, path):
+            theirs = room_of(target)
+            if theirs is not None and theirs > own and target != "train":
+                found.append(f"{path.relative_to(root)}:{line}: {name} ({TRAIN_ROOMS[own][0]}) imports {target} "
+                             f"({TRAIN_ROOMS[theirs][0]})")
+    return found
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """Every import circle among train's modules (each as the path that closes it)."""
+    modules = train_modules(root)
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for _, target in imports(root, path, names=True):
+            while target and target not in modules:  # ``from train.health import guard``: guard, else the package
+                target = target.rpartition(".")[0]
+            if target and target not in (name, "train"):  # "train": the package's __init__, not the script
+                targets.add(target)
+        graph[name] = targets
+    cycles, state = [], {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return cycles
+
+
 def test_no_module_imports_from_a_higher_layer():
     assert upward_imports(REPO) == []
+
+
+def test_train_rooms_import_only_their_own_room_or_lower_and_form_no_circle():
+    assert upward_in_train(REPO) == []
+    assert import_cycles(REPO) == []
+
+
+def test_the_room_check_finds_a_planted_upward_import_and_a_circle(tmp_path):
+    write(tmp_path, {
+        "train/__init__.py": "",
+        "train/health/__init__.py": "",
+        "train/health/guard.py": "from train.trainer import LaneformerTrainer\n",  # health above the trainer
+        "train/trainer.py": "from train.health import guard\n",
+        "train/callbacks/__init__.py": "",
+        "train/callbacks/a.py": "import train.callbacks.b\n",
+        "train/callbacks/b.py": "from train.callbacks import a\n",  # a circle inside one room
+        "train/stray.py": "",
+    })
+    assert upward_in_train(tmp_path) == [
+        "train/health/guard.py:1: train.health.guard (train.health) imports train.trainer (train.titan)",
+        "train/stray.py: train.stray is in no room of TRAIN_ROOMS",
+    ]
+    assert sorted(map(tuple, import_cycles(tmp_path))) == [
+        ("train.callbacks.a", "train.callbacks.b", "train.callbacks.a"),
+        ("train.health.guard", "train.trainer", "train.health.guard"),
+    ]
 
 
 def write(root: Path, files: dict[str, str]) -> None:

@@ -217,7 +217,8 @@ def test_a_recipe_template_travels_from_the_shards_to_the_export(tmp_path, capsy
     from rundir import RECIPE_FILE
     from tests.conftest import tiny_random_model
     from train import recipe as R
-    from train.build import export_hooks
+    from train.build import callbacks
+    from train.callbacks.export import Export
     from train.data import main as data_main
 
     template = LLAMA2.replace("'[INST] '", "'### User:\\n'").replace("' [/INST]'", "'\\n### Assistant:'")
@@ -255,7 +256,8 @@ export_hf = true
 
     # A finished run of that recipe: its resolved recipe, model config and one checkpoint.
     r = R.load(str(recipe))
-    assert export_hooks(r)[0].chat_template == str(tmp_path / "mine.jinja")
+    (export,) = [c for c in callbacks(r) if isinstance(c, Export.Config)]
+    assert export.chat_template == str(tmp_path / "mine.jinja")
     run = tmp_path / "run"
     run.mkdir()
     (run / RECIPE_FILE).write_text(R.to_toml(r))

@@ -11,7 +11,7 @@ import rundir
 from torchtitan.components.optimizer import LRSchedulersContainer
 from torchtitan.components.optimizer.optimizer import ParamGroupConfig
 
-from train.trainer import GuardedOptimizers, MilestoneCheckpointManager
+from train.titan import GuardedOptimizers, MilestoneCheckpointManager
 
 LR = 0.01
 

@@ -130,16 +130,16 @@ def truncate(step_dir):
         os.truncate(f, f.stat().st_size // 2)
 
 
-# Each eval hook call records whether its step's checkpoint was complete at that moment.
+# Each eval callback call records whether its step's checkpoint was complete at that moment.
 RECORD_EVALS = """
 import json, rundir
-from train.eval_hook import EvalHook
-def after_step(self, trainer, _orig=EvalHook.after_step):
+from train.callbacks.eval import Eval
+def post_step(self, trainer, _orig=Eval.post_step):
     done = rundir.is_complete(rundir.step_dir(trainer.config.dump_folder, trainer.step))
     with open({log!r}, "a") as f:
         f.write(json.dumps([trainer.step, done]) + "\\n")
     _orig(self, trainer)
-EvalHook.after_step = after_step
+Eval.post_step = post_step
 """
 
 

@@ -110,7 +110,7 @@ def adamw_reference(p, g, m, v, t, lr, betas, eps, weight_decay):
 def test_a_skipped_step_changes_nothing_and_applied_steps_are_adamw():
     from torchtitan.components.optimizer.optimizer import ParamGroupConfig
 
-    from train.trainer import GuardedOptimizers
+    from train.titan import GuardedOptimizers
 
     torch.manual_seed(0)
     model = torch.nn.Linear(6, 4)
@@ -146,7 +146,7 @@ def test_a_skipped_step_changes_nothing_and_applied_steps_are_adamw():
 def test_a_step_without_a_decision_is_refused():
     from torchtitan.components.optimizer.optimizer import ParamGroupConfig
 
-    from train.trainer import GuardedOptimizers
+    from train.titan import GuardedOptimizers
 
     opt = GuardedOptimizers.Config(param_groups=[
         ParamGroupConfig(pattern=".*", optimizer_name="AdamW", optimizer_kwargs={"lr": 0.1})]
@@ -158,7 +158,7 @@ def test_a_step_without_a_decision_is_refused():
 def test_a_non_fused_optimizer_is_refused():
     from torchtitan.components.optimizer.optimizer import ParamGroupConfig
 
-    from train.trainer import GuardedOptimizers
+    from train.titan import GuardedOptimizers
 
     with pytest.raises(ValueError, match="fused Adam/AdamW only"):
         GuardedOptimizers.Config(implementation="foreach", param_groups=[
@@ -170,7 +170,7 @@ def test_a_non_fused_optimizer_is_refused():
 
 
 def test_the_progress_line_gives_steps_tokens_and_an_eta_from_the_recent_step_time():
-    from train.trainer import progress
+    from train.callbacks.progress import progress
 
     line, metrics = progress(50, 200, 4096, last=(40, 100.0), now=110.0)  # 10 steps in 10 s
     assert line == "progress: step 50/200 (25.0%)  tokens 205K/819K  ETA 0:02:30 (1 s/step)"

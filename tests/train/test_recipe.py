@@ -199,7 +199,9 @@ def test_sft_on_an_imported_release_uses_the_release_template(tmp_path, capsys):
 
     from data.chat import resolve_template
     from models.laneformer.convert import main as convert_main
-    from train.build import export_hooks, trainer_config
+    from train.build import callbacks
+    from train.callbacks.eval import Eval
+    from train.callbacks.export import Export
 
     release = release_with_template(tmp_path / "release", other_template())
     assert (release / "chat_template.jinja").is_file()  # where transformers put it
@@ -213,8 +215,9 @@ def test_sft_on_an_imported_release_uses_the_release_template(tmp_path, capsys):
     r = R.load(write(tmp_path, sft))
     assert resolve_template(r.data.chat_template)[1] == other_template()
     assert f'chat_template = "{r.data.chat_template}"' in R.to_toml(r)  # the run dir's recipe.toml says which
-    assert export_hooks(r)[0].chat_template == r.data.chat_template
-    (eval_hook,) = [h for h in trainer_config(r).hooks if hasattr(h, "spec")]
+    (export,) = [c for c in callbacks(r) if isinstance(c, Export.Config)]
+    assert export.chat_template == r.data.chat_template
+    (eval_hook,) = [c for c in callbacks(r) if isinstance(c, Eval.Config)]
     assert eval_hook.chat_template == r.data.chat_template and eval_hook.spec.evalplus_chat
     # The recipe's own choice wins over the checkpoint's.
     assert R.load(write(tmp_path, sft.replace("[data]", '[data]\nchat_template = "llama2"'))).data.chat_template == "llama2"

@@ -5,21 +5,16 @@ rank's first non-empty parameter shard after that step's update, so the replica 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from torchtitan.config import Configurable
 
-from train.callbacks.callback import Callback
+from train.callbacks.callback import Callback, LaneformerTrainer
 from train.health.consistency import WORDS, local
 from train.health.phases import Phase
-
-if TYPE_CHECKING:
-    from train.trainer import LaneformerTrainer
 
 BITFLIP_ENV = "LANEFORMER_TEST_BITFLIP"
 

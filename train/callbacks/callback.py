@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 from train.health.phases import Phase
 
-if TYPE_CHECKING:
-    from train.trainer import LaneformerTrainer
+# The trainer every point is handed: train.trainer.LaneformerTrainer. It stands above this room (it calls
+# the callbacks), so it is named here for the annotations, never imported (tests/test_layers.py).
+LaneformerTrainer = Any
 
 POINTS = ("pre_train", "pre_step", "pre_optim_step", "post_train_batch", "pre_checkpoint", "post_checkpoint_saved",
           "post_step", "post_train", "on_error")

@@ -17,7 +17,6 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -30,11 +29,8 @@ from torchtitan.tools.logging import logger
 import rundir
 from data.mixture import IGNORE_INDEX, Mixture, SourceSpec
 from eval.spec import EvalSpec
-from train.callbacks.callback import Callback
+from train.callbacks.callback import Callback, LaneformerTrainer
 from train.health.phases import Phase
-
-if TYPE_CHECKING:
-    from train.trainer import LaneformerTrainer
 
 
 def token_bytes(sp) -> np.ndarray:

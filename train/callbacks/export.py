@@ -16,7 +16,6 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -26,11 +25,8 @@ from torchtitan.tools.logging import logger
 
 from rundir import latest_evals
 from train.exits import Exit, StopRun
-from train.callbacks.callback import Callback
+from train.callbacks.callback import Callback, LaneformerTrainer
 from train.health.phases import Phase
-
-if TYPE_CHECKING:
-    from train.trainer import LaneformerTrainer
 
 
 class ExportFailed(StopRun):

@@ -8,15 +8,11 @@ while building is seen too, and every phase a rank enters is beaten through it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from torchtitan.config import Configurable
 
-from train.callbacks.callback import Callback
+from train.callbacks.callback import Callback, LaneformerTrainer
 from train.health.phases import Phase
-
-if TYPE_CHECKING:
-    from train.trainer import LaneformerTrainer
 
 
 class Heartbeat(Callback, Configurable):

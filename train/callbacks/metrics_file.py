@@ -11,17 +11,14 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torchtitan.components.metrics import BaseLogger, LoggerContainer
 from torchtitan.config import Configurable
 
 from rundir import METRICS_FILE
-from train.callbacks.callback import Callback
+from train.callbacks.callback import Callback, LaneformerTrainer
 from train.health.phases import Phase
-
-if TYPE_CHECKING:
-    from train.trainer import LaneformerTrainer
 
 
 class MetricsJsonl(BaseLogger):

@@ -5,19 +5,15 @@ with ``Preempted`` (train.py exits ``Exit.PREEMPTED``: run the same command agai
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
-from train.callbacks.callback import Callback
+from train.callbacks.callback import Callback, LaneformerTrainer
 from train.health.phases import Phase
 from train.health.preemption import Preempted, anyone_requested, catch_signals
-
-if TYPE_CHECKING:
-    from train.trainer import LaneformerTrainer
 
 
 class Preemption(Callback, Configurable):

@@ -5,16 +5,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
-from train.callbacks.callback import Callback
+from train.callbacks.callback import Callback, LaneformerTrainer
 from train.health.phases import Phase
-
-if TYPE_CHECKING:
-    from train.trainer import LaneformerTrainer
 
 
 class Progress(Callback, Configurable):

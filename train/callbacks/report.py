@@ -16,18 +16,14 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 
 import rundir
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
-from train.callbacks.callback import Callback
+from train.callbacks.callback import Callback, LaneformerTrainer
 from train.health.phases import Phase
-
-if TYPE_CHECKING:
-    from train.trainer import LaneformerTrainer
 
 LAUNCH_METRIC = "launch"  # logged at a process's first step: the launch number (train.report.runs marks restarts)
 PARAMETERS_METRIC = "parameters"  # ... and the model's parameter count

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
@@ -21,13 +20,10 @@ from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
 from rundir import rollbacks_file
-from train.callbacks.callback import Callback
+from train.callbacks.callback import Callback, LaneformerTrainer
 from train.callbacks.spike_guard import SpikeGuard
 from train.health import rollback
 from train.health.phases import Phase
-
-if TYPE_CHECKING:
-    from train.trainer import LaneformerTrainer
 
 
 class Rollback(Callback, Configurable):

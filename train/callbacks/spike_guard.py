@@ -11,19 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
 from rundir import latest_complete_checkpoint
-from train.callbacks.callback import Callback
+from train.callbacks.callback import Callback, LaneformerTrainer
 from train.exits import Exit, StopRun
 from train.health.guard import GuardReading, StepGuard
 from train.health.phases import Phase
-
-if TYPE_CHECKING:
-    from train.trainer import LaneformerTrainer
 
 
 class SkippedOut(StopRun):

@@ -12,7 +12,6 @@ import socket
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -20,13 +19,10 @@ import torch.distributed as dist
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
-from train.callbacks.callback import Callback
+from train.callbacks.callback import Callback, LaneformerTrainer
 from train.health.alerts import write_alert
 from train.health.phases import Phase
 from train.health.straggler import GEMM, Streaks, gemm_seconds
-
-if TYPE_CHECKING:
-    from train.trainer import LaneformerTrainer
 
 
 class Straggler(Callback, Configurable):
