@@ -18,7 +18,7 @@ from train.health.phases import Phase
 class Heartbeat(Callback, Configurable):
     name = "heartbeat"
     priority = 1000  # first at every point: a step's phases begin with its number
-    phase = Phase.DATA
+    phase = Phase.METRICS  # bookkeeping; at pre_step it enters the step's first phase itself
 
     @dataclass(kw_only=True, slots=True)
     class Config(Configurable.Config):

@@ -1,7 +1,7 @@
 """Spike rollback: decided at a logging step, done after that step's save (``train.health.rollback``).
 
-When ``[training] spike_rollbacks`` skipped steps come within ``spike_window`` steps (the spike
-guard's counters, read at logging steps anyway), the run loads the latest complete checkpoint
+After a logging step's save, when ``[training] spike_rollbacks`` skipped steps came within
+``spike_window`` steps (the spike guard's counters, read at that step anyway), the run loads the latest complete checkpoint
 saved before the first of them, sets aside the checkpoints saved after it, and the data loader
 goes on from the sample it had reached (``MixtureLoader.skip_to``): those batches are never
 trained on again. The load is beaten under its own phase (``Phase.ROLLBACK``: the checkpoint
@@ -38,21 +38,16 @@ class Rollback(Callback, Configurable):
 
     def __init__(self, config: Config, trainer: LaneformerTrainer):
         self.config = config
-        self.due: tuple[int, ...] = ()  # the spikes of a rollback due after this step's save
         self.count = 0  # rollbacks so far in this run
 
-    def post_train_batch(self, trainer: LaneformerTrainer) -> None:
-        if not trainer.metrics_processor.should_log(trainer.step):
-            return
-        recent, c = trainer.callbacks.get(SpikeGuard.name).reading.recent, self.config
-        if rollback.due(recent, c.spikes, c.window):
-            self.due = recent[-c.spikes:]
-
     def post_step(self, trainer: LaneformerTrainer) -> None:
-        if self.due:
-            spikes, self.due = self.due, ()
+        c = self.config
+        if not (c.spikes and trainer.metrics_processor.should_log(trainer.step)):
+            return
+        recent = trainer.callbacks.get(SpikeGuard.name).reading.recent  # read at this step's post_train_batch
+        if rollback.due(recent, c.spikes, c.window):
             count = self.count  # the load below restores the count the checkpoint had
-            if self.roll_back(trainer, spikes) is not None:
+            if self.roll_back(trainer, recent[-c.spikes:]) is not None:
                 self.count = count + 1
 
     def roll_back(self, trainer: LaneformerTrainer, spikes: tuple[int, ...]) -> dict | None:
