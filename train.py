@@ -15,7 +15,7 @@ tokenizer, the data, ``checkpoint.init_from``, writable run and export dirs.
 launch would.
 
 Exit codes (``train.exits.Exit``): 0 done; 2 recipe error (nothing started,
-nothing written); 75 (``PREEMPTED``) checkpointed on SIGUSR1, run the same
+nothing written; also a run dir that another launch's live ranks hold: ``train.health.holder``); 75 (``PREEMPTED``) checkpointed on SIGUSR1, run the same
 command again to resume; 3 training complete but the export failed (the retry
 command is printed); 4 too many consecutive skipped steps; 5 no space for a
 checkpoint in the run dir; 6 replica mismatch (HSDP copies of a shard differ:
@@ -30,7 +30,11 @@ import socket
 import sys
 from pathlib import Path
 
-from train.cpu import use_cpu_if_no_gpu
+from train.health.holder import claim, die_with_parent
+
+die_with_parent()  # first: under torchrun, a rank dies with its agent (a SIGKILLed torchrun leaves no orphan training)
+
+from train.cpu import use_cpu_if_no_gpu  # noqa: E402
 
 use_cpu_if_no_gpu()  # before torchtitan builds anything
 
@@ -196,6 +200,10 @@ def main(argv=None) -> int:
 
     if alone := as_one_rank():  # before anything is written
         print(f"error: {alone}", file=sys.stderr)
+        return Exit.BAD_INPUT
+    quiet = int(os.environ["RANK"]) != 0  # rank 0 says that it took a stale holder's run dir over
+    if held := claim(recipe.output_dir, recipe.launch, say=(lambda _: None) if quiet else None):
+        print(f"error: {held}", file=sys.stderr)  # every rank reads the same heartbeats: all exit alike
         return Exit.BAD_INPUT
     init_logger()
     for name, value in wandb_env(recipe).items():

@@ -9,7 +9,9 @@ given up on.
 SIGUSR1 sent to this process checkpoints the run and restarts it, as a SLURM
 requeue would. A start that makes no progress for the recipe's ``[launch]
 stall_timeout`` is ended as stalled (launch.watchdog: stacks in
-``<run>/stalls/``) and restarted like a crash.
+``<run>/stalls/``) and restarted like a crash. A run dir whose ranks of another
+launch are alive is refused before anything is written (exit 2,
+``train.health.holder``); a stale one is taken over.
 
 The terminal shows rank 0; every rank's output goes to
 ``<run>/launcher/logs/local/`` (torchrun's ``--tee``, one folder per start).
@@ -30,6 +32,7 @@ from launch.watchdog import Limits, Watchdog, attempt_name
 from rundir import REPO, exit_file
 from train import recipe as R
 from train.exits import EXIT_FILE_ENV, Exit
+from train.health.holder import claim
 from train.health.storage import NoSpace
 
 
@@ -54,6 +57,9 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return Exit.BAD_INPUT
     run, job = recipe.output_dir, f"local-{os.getpid()}"
+    if held := claim(run, recipe.launch, say=lambda line: print(f"launch.local: {line}", file=sys.stderr)):
+        print(f"error: {held}", file=sys.stderr)  # before begin(), which clears the holder's heartbeats
+        return Exit.BAD_INPUT
     cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", f"--nproc-per-node={args.nproc}",
            f"--signals-to-handle={SIGNALS_TO_HANDLE}", f"--log-dir={logs_dir(run) / 'local'}", "--tee=3",
            "--local-ranks-filter=0", str(REPO / "train.py"), "--recipe", args.recipe,

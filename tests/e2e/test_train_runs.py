@@ -20,10 +20,11 @@ pytestmark = pytest.mark.slow
 
 
 def wait_for(path, proc, timeout=300):
-    start = time.time()
+    """Until ``path`` exists (an event the run writes: DCP's ``.metadata`` of a complete checkpoint)."""
+    end = time.monotonic() + timeout
     while not path.exists():
-        assert proc.poll() is None, "the run ended before the checkpoint"
-        assert time.time() - start < timeout
+        assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before {path} was written"
+        assert time.monotonic() < end, f"timed out waiting for {path} ({timeout} s)"
         time.sleep(0.05)
 
 

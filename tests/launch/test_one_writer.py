@@ -1,0 +1,263 @@
+"""One live writer per run dir (train/health/holder.py).
+
+A SIGKILL of torchrun's process group leaves no rank training (torchrun starts its workers in sessions
+of their own; each rank asks the kernel to die with its agent); a second launch into a run dir whose
+ranks are alive is refused, exit 2, naming them, and writes nothing; once they are gone the same
+command resumes and says it took the run dir over. The holder decision itself (fresh, stale, this
+launch, another host) on heartbeat files written by hand; die-with-parent on plain processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import rundir
+from rundir import REPO
+from tests.conftest import env, kill_tree, losses, train, train_command
+from tests.launch.conftest import wait_for
+from train.exits import Exit
+from train.health.heartbeat import launch_id, read_beats
+from train.health.holder import claim, holders, pid_alive, process_start
+from train.recipe import Launch
+
+HOST = socket.gethostname()
+LIMITS = Launch(stall_timeout=60, stall_timeout_first_step=300, stall_timeout_checkpoint=120, stall_timeout_eval=200)
+
+
+# ---- the decision, on heartbeats written by hand ----------------------------------------------
+
+
+def write_beat(run: Path, rank: int, *, pid: int, host: str = HOST, launch: str = "other/0/127.0.0.1:1",
+               age: float = 1.0, phase: str = "data", done: int = 5, world: int = 1, process: float | None = None):
+    """A heartbeat file as train.health.heartbeat writes it (the fields the holder reads)."""
+    folder = rundir.heartbeat_dir(run)
+    folder.mkdir(parents=True, exist_ok=True)
+    marks = {"trainer": time.time() - 100} | ({"process": process} if process is not None else {})
+    record = {"rank": rank, "world": world, "pid": pid, "host": host, "launch": launch, "step": 7, "phase": phase,
+              "done": done, "time": time.time() - age, "marks": marks, "phase_s": {}}
+    (folder / f"rank-{rank}.json").write_text(json.dumps(record).ljust(2047) + "\n")
+
+
+@pytest.fixture
+def sleeper():
+    """A live process on this host, standing in for a rank."""
+    proc = subprocess.Popen(["sleep", "120"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def gone_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_no_heartbeats_no_holder(tmp_path):
+    said = []
+    assert claim(tmp_path / "run", LIMITS, say=said.append) is None and said == []
+
+
+def test_a_live_rank_on_this_host_holds_the_run_dir_however_old_its_beat(tmp_path, sleeper):
+    run = tmp_path / "run"
+    write_beat(run, 0, pid=sleeper.pid, age=10_000, process=process_start(sleeper.pid))  # stopped, say
+    write_beat(run, 1, pid=gone_pid(), age=10_000)
+    said = []
+    held = claim(run, LIMITS, say=said.append)
+    assert held and said == []
+    assert f"run dir {run} is held" in held and f"on {HOST}" in held and f"pid {sleeper.pid}" in held, held
+    assert "id other/0/127.0.0.1:1" in held and re.search(r"last beat 1000\d\.\d s ago", held), held
+
+
+def test_ranks_gone_from_this_host_are_a_stale_holder_taken_over_and_said(tmp_path):
+    run = tmp_path / "run"
+    dead = [gone_pid(), gone_pid()]
+    for rank, pid in enumerate(dead):
+        write_beat(run, rank, pid=pid, age=2.0, world=2)
+    said = []
+    assert claim(run, LIMITS, say=said.append) is None
+    [line] = said
+    assert "took over from a stale holder" in line and f"pids {dead[0]}, {dead[1]} gone from {HOST}" in line, line
+
+
+def test_a_reused_pid_is_not_the_rank(tmp_path, sleeper):
+    """The pid exists, but its process started long after the rank that beat did."""
+    run = tmp_path / "run"
+    write_beat(run, 0, pid=sleeper.pid, process=process_start(sleeper.pid) - 3600)
+    [h] = holders(run, LIMITS)
+    assert not h.alive and "gone" in h.why
+
+
+def test_this_launchs_own_beats_are_not_a_holder(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "mine")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "4242")
+    run = tmp_path / "run"
+    write_beat(run, 0, pid=os.getpid(), launch=launch_id(), process=process_start(os.getpid()))  # this process
+    write_beat(run, 1, pid=12345, host="node-b", launch=launch_id(), age=0.5)  # its peer on another host
+    assert holders(run, LIMITS) == []
+
+
+def test_the_same_launch_id_under_another_agent_is_another_launch(tmp_path, sleeper, monkeypatch):
+    """torchrun's default port and run id repeat: a killed torchrun's orphan shares a new launch's id."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    run = tmp_path / "run"
+    write_beat(run, 0, pid=sleeper.pid, launch=launch_id(), process=process_start(sleeper.pid))
+    assert sleeper.pid != os.getpid()  # the sleeper's parent is this process, not this process's parent
+    [h] = holders(run, LIMITS)
+    assert h.alive
+
+
+@pytest.mark.parametrize("age, phase, done, alive", [
+    (30, "data", 5, True),  # within stall_timeout
+    (90, "data", 5, False),  # silent past stall_timeout: the watchdog would have ended it
+    (90, "checkpoint", 5, True),  # a save is allowed stall_timeout_checkpoint
+    (150, "eval", 5, True),  # an eval stall_timeout_eval
+    (250, "build", 0, True),  # before its first step: stall_timeout_first_step
+    (400, "build", 0, False),
+])
+def test_ranks_on_another_host_are_alive_while_they_beat_within_the_watchdogs_allowance(
+        tmp_path, age, phase, done, alive):
+    run = tmp_path / "run"
+    write_beat(run, 0, pid=4242, host="node-b", age=age, phase=phase, done=done)
+    said = []
+    held = claim(run, LIMITS, say=said.append)
+    assert bool(held) == alive and bool(said) == (not alive), (held, said)
+    if alive:
+        assert "beating on node-b" in held and "pid 4242 on node-b" in held, held
+    else:
+        assert f"no beat from node-b for {age} s" in said[0], said
+
+
+def test_stall_detection_off_still_lets_a_silent_holder_go_stale(tmp_path):
+    run = tmp_path / "run"
+    write_beat(run, 0, pid=4242, host="node-b", age=Launch().stall_timeout + 60)
+    off = Launch(stall_timeout=0)
+    [h] = holders(run, off)
+    assert not h.alive
+
+
+def test_launch_local_refuses_a_held_run_dir_before_writing_anything(tmp_path, sleeper):
+    run = tmp_path / "run"
+    write_beat(run, 0, pid=sleeper.pid, process=process_start(sleeper.pid))
+    before = tree(run)
+    result = subprocess.run([sys.executable, "-m", "launch.local", "--recipe", "tiny.toml", "--nproc", "2",
+                             *(f"--set={s}" for s in (f"run.output_dir={run}", *SETS, "training.steps=2"))],
+                            cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == Exit.BAD_INPUT, result.stderr[-3000:]
+    assert f"is held by another launch whose ranks are alive" in result.stderr and f"pid {sleeper.pid}" in result.stderr
+    assert tree(run) == before  # no attempts.jsonl, the holder's heartbeat still there
+
+
+# ---- die with the parent -----------------------------------------------------------------------
+
+RANK = ("import sys, time; sys.path.insert(0, {repo!r}); from train.health.holder import die_with_parent; "
+        "print(die_with_parent({parent}), flush=True); time.sleep(60)")
+AGENT = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {rank!r}], start_new_session=True); "
+         "print(p.pid, flush=True); time.sleep(60)")  # as torchrun starts its workers
+
+
+def agent_and_rank(torchrun: bool, parent: str = "None"):
+    environment = {k: v for k, v in env().items() if k != "TORCHELASTIC_RUN_ID"}
+    if torchrun:
+        environment["TORCHELASTIC_RUN_ID"] = "test"
+    agent = subprocess.Popen([sys.executable, "-c", AGENT.format(rank=RANK.format(repo=str(REPO), parent=parent))],
+                             stdout=subprocess.PIPE, text=True, env=environment)
+    return agent, int(agent.stdout.readline())
+
+
+@pytest.mark.parametrize("torchrun", [True, False])
+def test_a_rank_dies_with_its_agent_only_under_torchrun(torchrun):
+    agent, rank = agent_and_rank(torchrun)
+    try:
+        assert agent.stdout.readline().strip() == str(torchrun)  # the rank is up (and set, or not)
+        agent.kill()
+        agent.wait()
+        if torchrun:
+            wait_for(lambda: not pid_alive(rank), "the rank to die with its agent", timeout=10)
+        else:  # plain python train.py: its own single rank, it may outlive whoever started it
+            time.sleep(1)
+            assert pid_alive(rank)
+    finally:
+        kill_tree(agent.pid)
+        if pid_alive(rank):
+            os.kill(rank, signal.SIGKILL)
+
+
+def test_a_rank_whose_agent_died_before_it_asked_exits_at_once():
+    agent, rank = agent_and_rank(True, parent="1234567")  # the agent seen first is not its parent now
+    try:
+        wait_for(lambda: not pid_alive(rank), "the orphan to end", timeout=10)
+    finally:
+        kill_tree(agent.pid)
+
+
+# ---- for real: torchrun killed, a second launch refused, then the run taken over --------------------
+
+# Long enough that ranks left behind by the kill would still be training 10 s later (~0.5 s a step on
+# two ranks here: 50+ steps after the first checkpoint), short enough for one rank to finish it.
+STEPS = 60
+SETS = (f"training.steps={STEPS}", "training.seq_len=64", "training.global_batch=8", "training.micro_batch=4",
+        "schedule.warmup_steps=2", "logging.interval=1", "checkpoint.interval=4", "logging.tensorboard=false",
+        "eval.at_end=false")
+
+
+def tree(run: Path) -> dict[str, tuple[int, int]]:
+    """Every file and folder under ``run``: (size, mtime_ns). A file created or removed changes its folder's."""
+    return {str(p.relative_to(run)): (p.stat().st_size if p.is_file() else 0, p.stat().st_mtime_ns)
+            for p in [run, *run.rglob("*")]}
+
+
+@pytest.mark.slow
+def test_a_killed_torchrun_leaves_no_rank_and_a_second_launch_waits_for_the_run_dir(tmp_path):
+    run = tmp_path / "run"
+    sets = ("tiny.toml", f"run.output_dir={run}", *SETS)
+    holder = subprocess.Popen(train_command(*sets, nproc=2), cwd=REPO, env=env(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)  # setsid torchrun ...
+    ranks = []
+    try:
+        wait_for(lambda: rundir.complete_steps(run), "the first complete checkpoint", timeout=240)
+        ranks = wait_for(lambda: (b := read_beats(run)) and len(b) == 2 and sorted(x["pid"] for x in b),
+                         "both ranks' heartbeats")
+        # Freeze the holder (its ranks stay alive), so that the run dir stands still while the second
+        # launch runs: any file it wrote would show.
+        for pid in ranks:
+            os.kill(pid, signal.SIGSTOP)
+        before = tree(run)
+        second = train(*sets, nproc=1, timeout=300)
+        assert second.returncode == Exit.BAD_INPUT, second.stderr[-3000:]
+        assert "is held by another launch whose ranks are alive" in second.stderr, second.stderr[-3000:]
+        for pid in ranks:
+            assert f"pid {pid} on {HOST}" in second.stderr, second.stderr[-3000:]
+        assert "launch 001" in second.stderr and "last beat" in second.stderr, second.stderr[-3000:]
+        assert tree(run) == before
+
+        for pid in ranks:
+            os.kill(pid, signal.SIGCONT)
+        os.killpg(holder.pid, signal.SIGKILL)  # kill -9 -- -PGID: torchrun's group, not its ranks' sessions
+        holder.wait()
+        wait_for(lambda: not any(pid_alive(pid) for pid in ranks), "every rank gone with torchrun", timeout=10)
+    finally:
+        kill_tree(holder.pid)
+        for pid in ranks:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+    latest = rundir.latest_complete_step(run)
+    again = train(*sets, nproc=1, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    out = again.stdout + again.stderr
+    assert f"Training starts at step {latest + 1}" in out, out[-3000:]
+    assert "took over from a stale holder" in out and "launch 001" in out, out[-3000:]
+    assert f"pids {ranks[0]}, {ranks[1]} gone from {HOST}" in out or \
+        f"pids {ranks[1]}, {ranks[0]} gone from {HOST}" in out, out[-3000:]
+    assert max(losses(run)) == STEPS
