@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -113,10 +114,15 @@ def test_a_rank_that_blocks_right_after_a_phase_change_is_seen_in_the_new_phase(
     heartbeat.mark("first_step")
     heartbeat.step_done()
     heartbeat.beat(Phase.DATA, 5)
-    heartbeat.beat(Phase.FORWARD_BACKWARD, 5)  # within a second of the last write: written all the same
-    heartbeat.beat(Phase.DATA, 6)  # a new step, the same phase as two beats ago
+    heartbeat.beat(Phase.FORWARD_BACKWARD, 5)  # within a second of the last write, the same allowance
+    assert [(b["phase"], b["step"]) for b in read_beats(tmp_path)] == [("forward_backward", 5)]
+    heartbeat.beat(Phase.DATA, 6)  # a new step
+    assert [(b["phase"], b["step"]) for b in read_beats(tmp_path)] == [("data", 6)]
+    stall = stalled(read_beats(tmp_path), time.time() - 100, Limits(stall=10, first_step=10, checkpoint=20, eval=10),
+                    time.time() + 11)
+    assert (stall["ranks"][0]["phase"], stall["ranks"][0]["step"]) == ("data", 6)  # what stall.json says
     heartbeat.beat(Phase.CHECKPOINT, 6)
-    heartbeat.beat(Phase.CHECKPOINT, 6)  # the same phase and step: may wait for the next second
+    heartbeat.beat(Phase.CHECKPOINT, 6)  # the same phase and step: this one may wait for the next second
     (beat,) = read_beats(tmp_path)
     assert (beat["phase"], beat["step"]) == ("checkpoint", 6)
     stall = stalled([beat], beat["time"] - 100, Limits(stall=10, first_step=10, checkpoint=20, eval=10),
