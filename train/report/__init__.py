@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rundir import REPORT_DIR, REPORT_PAGE, report_dir
+from rundir import REPORT_PAGE, report_dir
 from train.report.runs import ReportError, continue_runs, header, read_run
 
-PAGE = REPORT_PAGE  # train.py and train/report_hook.py import these two from here until they take rundir's
+PAGE = REPORT_PAGE  # train.py imports it (and report_dir) from here until it takes rundir's
 
-__all__ = ["REPORT_DIR", "PAGE", "ReportError", "write_report"]
+__all__ = ["PAGE", "ReportError", "write_report"]
 
 
 def write_report(runs: list[Path], out: Path | None = None) -> Path:
