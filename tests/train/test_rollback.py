@@ -1,4 +1,4 @@
-"""Spike rollback (train/health/rollback.py) on CPU, with planted spikes.
+"""Spike rollback (train/health/rollback.py, train/callbacks/rollback.py) on CPU, with planted spikes.
 
 Steps 3 and 4 of a 6-step tiny run go NaN (one micro batch each, planted in the loss as
 tests/train/test_train.py plants one); with ``spike_rollbacks = 2`` the run rolls back, after
@@ -92,3 +92,79 @@ def test_spikes_that_come_back_are_rolled_back_and_their_data_skipped(tmp_path):
     from train.report.runs import read_run  # the run report marks it (throughput and data mix figures)
 
     assert ("rollback", 2) in [(r.cause, r.step) for r in read_run(run).restarts]
+    # The load was beaten under its own phase: the checkpoint allowance, booked as rollbacks in goodput.
+    from train.health.heartbeat import read_beats
+
+    (beat,) = read_beats(run)
+    assert beat["phase_s"].get("rollback", 0) > 0, beat["phase_s"]
+
+
+# A kill in the middle of two counts: a spike window (one spike seen of the two that roll back) and a
+# straggler streak (rank 1 slow at 3 of the 4 logging steps in a row that name it). The checkpoint of
+# step 4 holds both, so the resumed run rolls back at the next spike and names rank 1 at its next slow
+# step; a run that started its counts again would do neither. Rank 1's compute check is made slow by
+# this script (its timing, times 10): the check's own detection is tests/launch/test_launch_local.py's.
+KILL_AND_RESUME = """
+import os, signal, sys
+sys.path.insert(0, "REPO_DIR")
+from train.cpu import use_cpu_if_no_gpu
+use_cpu_if_no_gpu()
+import torch.distributed as dist
+from torchtitan.components.loss import CrossEntropyLoss
+import train.callbacks.straggler as straggler
+from train.titan import MilestoneCheckpointManager
+calls = {"n": 0}
+forward = CrossEntropyLoss.__call__
+def poisoned(self, pred, *args, **kwargs):
+    calls["n"] += 1
+    if calls["n"] in POISONED and dist.get_rank() == 0:  # rank 0's only micro batch of that step
+        pred = pred * float("nan")
+    return forward(self, pred, *args, **kwargs)
+CrossEntropyLoss.__call__ = poisoned
+gemm = straggler.gemm_seconds
+straggler.gemm_seconds = lambda *a, **k: gemm(*a, **k) * (10 if dist.get_rank() == 1 else 1)
+save = MilestoneCheckpointManager._save
+def save_then_die(self, step, last_step=False):
+    saved = save(self, step, last_step)
+    if step == KILL_AT:
+        dist.barrier()  # every rank's part of the checkpoint is on disk
+        os.kill(os.getpid(), signal.SIGKILL)
+    return saved
+MilestoneCheckpointManager._save = save_then_die
+sys.argv[0] = "train.py"
+import runpy
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_a_kill_during_a_spike_window_and_a_straggler_streak_resumes_both_counts(tmp_path):
+    from train.health.alerts import read_alerts
+
+    def launch(poisoned: set[int], kill_at: int):
+        script = tmp_path / f"inject-{kill_at}.py"
+        script.write_text(KILL_AND_RESUME.replace("POISONED", repr(poisoned)).replace("KILL_AT", str(kill_at))
+                          .replace("REPO_DIR", str(REPO)))
+        cmd = train_command("tiny.toml", *short(tmp_path, 8, "checkpoint.interval=2", "checkpoint.keep_last=10",
+                                                "training.spike_rollbacks=2", "launch.straggler_windows=4",
+                                                "eval.at_end=false"), nproc=2)
+        cmd[cmd.index(str(REPO / "train.py"))] = str(script)
+        return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+
+    # One micro batch a rank a step (global batch 8, micro batch 4, 2 ranks): call n is step n of a process.
+    first = launch({3}, kill_at=4)  # a spike at step 3; rank 1 slow at steps 1-3; killed after step 4's save
+    run = tmp_path / "run"
+    assert first.returncode != 0 and rundir_steps(run) == [2, 4], first.stderr[-3000:]
+    assert not (run / "rollbacks.jsonl").exists() and read_alerts(run) == []
+    second = launch({2}, kill_at=-1)  # resumed at step 5: a spike at step 6 (its second call)
+    assert second.returncode == 0, second.stderr[-3000:]
+    out = second.stdout + second.stderr
+    assert "ROLLBACK at step 6: 2 spikes within 100 steps (at steps 3, 6); back to the checkpoint of step 2" in out
+    (alert, *_) = read_alerts(run)
+    assert (alert["kind"], alert["rank"], alert["step"]) == ("straggler", 1, 5)  # streak 3 before the kill, 4 at 5
+
+
+def rundir_steps(run) -> list[int]:
+    from rundir import complete_steps
+
+    return complete_steps(run)
