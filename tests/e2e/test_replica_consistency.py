@@ -19,9 +19,8 @@ import subprocess
 import pytest
 import torch
 
-from rundir import REPO
+from rundir import ALERTS_FILE, REPO, VERIFIED_FILE
 from tests.conftest import checkpoint_tensors, env, train_command
-from train.health.consistency import ALERTS_FILE, VERIFIED_FILE
 from train.exits import EXIT_FILE_ENV, Exit
 
 pytestmark = pytest.mark.slow

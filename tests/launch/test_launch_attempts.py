@@ -1,5 +1,5 @@
 """The pieces of preemption and restart that need no processes: the restart rule,
-the attempts record, the exit note, and PreemptionHook's step-boundary agreement."""
+the attempts record, the exit note, and the Preemption callback's step-boundary agreement."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import pytest
 import torch
 
 from launch import attempts
-from train import exits, preemption
+from train import exits
 from train.exits import Exit, note_exit
-from train.health.preemption import Preempted, PreemptionHook
+from train.callbacks.preemption import Preemption
+from train.health import preemption
+from train.health.preemption import Preempted
 
 
 @pytest.mark.parametrize("rc, note, before, after, crashes, expected", [
@@ -141,12 +143,12 @@ def test_begin_clears_the_previous_exit_note(tmp_path, monkeypatch):
 
 
 class FakeTrainer:
-    """The slice of LaneformerTrainer the hook uses; saves are recorded."""
+    """The slice of LaneformerTrainer the callback uses; saves are recorded."""
 
     def __init__(self, steps=10, on_save=None, interval=1000):
-        self.step, self.device, self.saves, self.waits, self.phases = 0, torch.device("cpu"), [], 0, []
+        self._step, self.device, self.saves, self.waits, self.phases = 0, torch.device("cpu"), [], 0, []
         self.config = SimpleNamespace(training=SimpleNamespace(steps=steps))
-        self.heartbeat = SimpleNamespace(beat=self.phases.append)  # the phases the hook enters (train.health.heartbeat)
+        self.enter = self.phases.append  # the phases the callback enters itself (a save enters its own)
 
         def save(step, last_step=False):
             self.saves.append((step, last_step))
@@ -156,15 +158,25 @@ class FakeTrainer:
         def wait():
             self.waits += 1
 
-        self.checkpointer = SimpleNamespace(save=save, _should_save=lambda step: step % interval == 0,
-                                            maybe_wait_for_saving=wait)
+        self.checkpointer = SimpleNamespace(save=save, maybe_wait_for_saving=wait)
+        self.interval = interval
+
+    @property
+    def step(self):
+        return self._step
+
+    @step.setter
+    def step(self, step):  # the loop's interval save of this step, if due, ran before the post_step callbacks
+        self._step = step
+        if hasattr(self, "checkpointer"):
+            self.checkpointer.last_saved_step = step if step % self.interval == 0 else -1
 
 
 @pytest.fixture
 def hook(monkeypatch):
     old = signal.getsignal(signal.SIGUSR1)
     monkeypatch.setattr(preemption, "_requested", False)
-    yield PreemptionHook.Config().build()
+    yield Preemption.Config().build(trainer=FakeTrainer())
     signal.signal(signal.SIGUSR1, old)
 
 
@@ -175,25 +187,25 @@ def sigusr1():
 def test_a_signal_during_the_step_saves_at_that_step_and_exits_75(hook):
     trainer = FakeTrainer()
     trainer.step = 3
-    hook.after_step(trainer)
+    hook.post_step(trainer)
     assert trainer.saves == []
     trainer.step = 4
     sigusr1()  # e.g. during this step's eval, which runs before the hook
     with pytest.raises(Preempted) as stop:
-        hook.after_step(trainer)
+        hook.post_step(trainer)
     assert trainer.saves == [(4, True)]  # last_step=True: torchtitan's forced, synchronous save
-    assert trainer.phases == ["checkpoint"]  # the save, not the per-step agreement, gets a checkpoint's allowance
+    assert trainer.phases == []  # the agreement keeps its own phase; the save enters a checkpoint's itself
     assert stop.value.code == Exit.PREEMPTED == 75 and stop.value.step == 4
 
 
 def test_a_signal_during_a_checkpoint_save_is_kept_for_the_next_boundary(hook):
     trainer = FakeTrainer(on_save=sigusr1)
     trainer.step = 5
-    hook.after_step(trainer)
+    hook.post_step(trainer)
     trainer.checkpointer.save(5)  # the loop's interval save; the signal lands in it
     trainer.step = 6
     with pytest.raises(Preempted):
-        hook.after_step(trainer)
+        hook.post_step(trainer)
     assert trainer.saves == [(5, False), (6, True)]
 
 
@@ -201,7 +213,7 @@ def test_a_signal_at_the_last_step_lets_the_run_finish(hook):
     trainer = FakeTrainer(steps=10)
     trainer.step = 10
     sigusr1()
-    hook.after_step(trainer)  # the loop's final save follows; nothing to requeue
+    hook.post_step(trainer)  # the loop's final save follows; nothing to requeue
     assert trainer.saves == []
 
 
@@ -210,8 +222,9 @@ def test_a_step_the_loop_already_checkpointed_is_not_saved_again(hook):
     trainer.step = 4
     sigusr1()
     with pytest.raises(Preempted):
-        hook.after_step(trainer)
+        hook.post_step(trainer)
     assert trainer.saves == [] and trainer.waits == 1  # an async save in flight is waited for
+    assert trainer.phases == ["checkpoint"]  # ... with a checkpoint's allowance
 
 
 def test_a_replica_mismatch_excludes_the_node_the_check_named():

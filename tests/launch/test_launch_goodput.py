@@ -67,7 +67,7 @@ def test_goodput_adds_up_by_hand(tmp_path):
         {"event": "start", "job": "1", "step": 8, "time": iso(105)},
         {"event": "end", "job": "1", "step": 20, "action": "done", "cause": "finished", "time": iso(200),
          "summary": {"marks": marks2, "done": 12, "reached": 20, "last_beat": T0 + 195,
-                     "phase_s": {"data": 5, "forward_backward": 60, "optimizer": 5, "preemption": 2}}},
+                     "phase_s": {"data": 5, "forward_backward": 60, "optimizer": 5, "preemption": 2, "rollback": 3}}},
     ]
     (tmp_path / "launcher").mkdir()
     (tmp_path / "launcher" / "attempts.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
@@ -78,7 +78,8 @@ def test_goodput_adds_up_by_hand(tmp_path):
     # 4 of launch 1's 12 steps (9-12) were trained again, at its 60 s / 12 steps
     assert a["replayed_steps"] == 4
     costs = {k: round(v, 6) for k, v in a["costs"].items()}
-    assert costs == {"first start": 10, "restarts": 10, "replays": 20, "checkpoints": 4, "evals": 5,
+    # a rollback's checkpoint load is its own cost (train.health.phases.Phase.ROLLBACK), not productive time
+    assert costs == {"first start": 10, "restarts": 10, "replays": 20, "checkpoints": 4, "rollbacks": 3, "evals": 5,
                      "stalls": 20 + 5, "preemptions": 2, "crashes": 0}
     assert round(a["productive_s"], 6) == 60 - 20 + 70
     assert round(a["goodput"], 6) == 110 / 200

@@ -21,7 +21,7 @@ from launch.attempts import begin, end, exit_file
 from rundir import METRICS_FILE, REPO
 from tests.conftest import SHORT, losses, reference_run, train
 from train import recipe as R
-from train.hooks import MetricsJsonl
+from train.callbacks.metrics_file import MetricsJsonl
 from train.report import ReportError, write_report
 from train.report.page import embedded_data
 
