@@ -114,7 +114,7 @@ def run_summary(recipe: R.Recipe, recipe_arg: str, sets: list[str]) -> str:
 
 
 def report_line(run: Path, written: bool = True) -> str:
-    """Where the run's report is (train.report_hook writes it at the end), or why it is not."""
+    """Where the run's report is (train.callbacks.report writes it at the end), or why it is not."""
     from train.report import PAGE, report_dir
 
     if not written:

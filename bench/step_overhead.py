@@ -1,7 +1,7 @@
 """The project's training step over torchtitan's bare step: same model, batch and optimizer.
 
 Why: everything train/ adds to a step (the on-device step guard and its
-skip-through-``found_inf`` AdamW, the loss all-reduce, the hooks, the metrics
+skip-through-``found_inf`` AdamW, the loss all-reduce, the callbacks, the metrics
 file) must cost close to nothing. Both trainers are built in this process from
 the same recipe; the bare one is torchtitan's own ``Trainer`` with the plain
 ``OptimizersContainer`` (fused AdamW, the same clipping) and nothing else. Steps

@@ -26,7 +26,7 @@ class EvalSpecError(ValueError):
 @dataclass(kw_only=True)
 class EvalSpec:
     # Validation loss / bits per byte on held-out tokenized dirs: scored by the trainer
-    # (train.eval_hook), which has the data pipeline; run_evals leaves them alone.
+    # (train.callbacks.eval), which has the data pipeline; run_evals leaves them alone.
     val_sources: list[str] = field(default_factory=list)
     val_samples: int = 64
     core_bundle: str | None = None  # a DCLM CORE bundle folder

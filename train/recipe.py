@@ -199,7 +199,8 @@ class Launch:
     # Seconds without a heartbeat from any rank (train/health/heartbeat.py) before a launcher ends the job as
     # stalled, dumps every rank's Python stacks to <run>/stalls/, and restarts it as after a crash; 0: off.
     # Longer allowances: until every rank has finished its first step (rendezvous, build, checkpoint
-    # load, compile), and while a rank is in a checkpoint save or an eval/export/report hook.
+    # load, compile), and while a rank is in a checkpoint save or load, or in an eval, export or report
+    # (train/health/phases.py says which phase gets which).
     # Above comm_train_timeout, so that a hang inside a collective is the comm watchdog's to end.
     stall_timeout: int = 600
     stall_timeout_first_step: int = 1800

@@ -1,4 +1,4 @@
-"""The run report (train.report, train.report_hook): written by the run, its figures read back
+"""The run report (train.report, train.callbacks.report): written by the run, its figures read back
 against the run's own files, robust to what real run dirs hold, and opened as a person would.
 
 Run dirs here are written by the project's own writers: the session's reference run
@@ -227,7 +227,7 @@ def test_one_step_without_evals_and_a_resume_on_another_world_size(tmp_path):
 def test_skips_and_hook_logged_restarts_are_marked(tmp_path):
     rows = step_rows(range(1, 7))
     rows[2]["skipped_steps"], rows[4]["skipped_steps"] = 0, 2
-    rows[0]["launch"], rows[3]["launch"] = 1, 2  # train.report_hook at each process's first step
+    rows[0]["launch"], rows[3]["launch"] = 1, 2  # train.callbacks.report at each process's first step
     run = fake_run(tmp_path, rows)
     data = data_of(write_report([run]))
     assert data["grad_norm"]["skipped"] == [{"run": "tiny", "step": 5, "tokens": 5 * 2048, "skipped": 2}]

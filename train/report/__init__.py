@@ -1,5 +1,5 @@
 """A run at a glance: ``report.html`` and its PNGs, written from a run dir by the run itself
-(``train.report_hook``) or by hand::
+(``train.callbacks.report``) or by hand::
 
     python -m train.report RUN [RUN ...] [--out DIR] [--plan-gpu h100 --gpus N]
 
