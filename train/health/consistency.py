@@ -32,7 +32,6 @@ The tests make a mismatch with ``train.callbacks.bitflip``.
 from __future__ import annotations
 
 import json
-import math
 import socket
 from pathlib import Path
 from typing import Iterable
@@ -142,21 +141,3 @@ class ReplicaCheck:
 def is_verified(step_dir: Path) -> bool:
     return (Path(step_dir) / VERIFIED_FILE).is_file()
 
-
-def plan_lines(nparams: int, replicate: int, shard: int, every: int, interval: int, dram_gbs: float,
-               step_s: float) -> list[str]:
-    """The check's cost per step for ``train.py --plan``: each rank reads its shards of the fp32 parameters
-    and both AdamW moments once (12 bytes a parameter over ``shard`` ranks) at the GPU's memory bandwidth,
-    plus one all-gather of 16 bytes a rank (latency-bound, not estimated), every ``every`` steps and
-    before every save (each ``interval`` steps)."""
-    if replicate <= 1:
-        return [f"replica check: cannot run: replicate = {replicate}, every shard is held by one rank (no copy "
-                "to compare); HSDP ([parallel] replicate > 1) gives it"]
-    read = 12 * nparams / shard
-    check_s = read / (dram_gbs * 1e9)
-    # distinct check steps: a save on a periodic check's step is checked once (ReplicaCheck.verified_step)
-    per_step = check_s * ((1 / every + 1 / interval - 1 / math.lcm(every, interval)) if every else 1 / interval)
-    when = f"every {every} steps and before each save" if every else "before each save"
-    return [f"replica check ({replicate} replicas of {shard} shards): {read / 1e9:.2f} GB read per rank, "
-            f"{check_s * 1e3:.2f} ms per check + one all-gather of 16 B per rank; {when} (checkpoint interval "
-            f"{interval}): {per_step * 1e3:.3f} ms per step ({per_step / step_s:.4%} of the step)"]
