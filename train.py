@@ -115,12 +115,12 @@ def run_summary(recipe: R.Recipe, recipe_arg: str, sets: list[str]) -> str:
 
 def report_line(run: Path, written: bool = True) -> str:
     """Where the run's report is (train.callbacks.report writes it at the end), or why it is not."""
-    from train.report import PAGE, report_dir
+    from rundir import REPORT_LOG, REPORT_PAGE, report_dir
 
     if not written:
         return f"report: off ([logging] report = false); draw it with python -m train.report {shlex.quote(str(run))}"
-    page = report_dir(run) / PAGE
-    return f"report: {page}" if page.exists() else f"report: not written (see {report_dir(run) / 'refresh.log'})"
+    page = report_dir(run) / REPORT_PAGE
+    return f"report: {page}" if page.exists() else f"report: not written (see {report_dir(run) / REPORT_LOG})"
 
 
 def as_one_rank() -> str | None:

@@ -45,11 +45,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rundir import STALL_FILE, attempts_file, exit_file, read_jsonl, stall_dir
+from rundir import STALL_FILE, STALL_STACKS_FILE, attempts_file, exit_file, read_jsonl, stacks_file, stall_dir
 from train.exits import Exit, note_exit
 from train.health.heartbeat import read_beats
 from train.health.phases import allowance as phase_allowance
-from train.health.stacks import STACKS_SIGNAL, stacks_file
+from train.health.stacks import STACKS_SIGNAL
 
 STATES = {"T": "stopped", "D": "in uninterruptible sleep"}  # /proc/<pid>/stat states that cannot dump
 DUMP_WAIT_S = 5.0  # how long the ranks get to write their stacks
@@ -151,7 +151,7 @@ class Watchdog:
             head = (f"# rank {r['rank']} pid {r['pid']} on {r['host']}: step {r['step']}, phase {r['phase']}, "
                     f"silent {r['idle_s']} s, process state {r['state'] or '?'}\n")
             r["stacks"] = bool(text.strip())
-            (where / f"rank-{r['rank']}.txt").write_text(head + (text or f"# no stacks: {why}\n"))
+            (where / STALL_STACKS_FILE.format(rank=r["rank"])).write_text(head + (text or f"# no stacks: {why}\n"))
         (where / STALL_FILE).write_text(json.dumps({**stall, "message": message}, indent=1) + "\n")
         for r in stall["ranks"]:
             self._signal(r, signal.SIGKILL)

@@ -32,7 +32,7 @@ from typing import Any, Literal
 from data.chat import TEMPLATES, check_template, checkpoint_template, resolve_template
 from data.mixture import MixtureError, SourceSpec, check_distinct, needs
 from eval.spec import EvalSpec, EvalSpecError
-from rundir import EXPORT_DIR, REPO, parse_set
+from rundir import EXPORT_DIR, REPO, RUNS_DIR, parse_set
 
 RECIPES = REPO / "recipes"
 
@@ -259,7 +259,7 @@ class Recipe:
     @property
     def output_dir(self) -> Path:
         """The run dir (absolute once resolved; default ``runs/<name>`` in the repo)."""
-        return absolute(self.run.output_dir or f"runs/{self.run.name}")
+        return absolute(self.run.output_dir or f"{RUNS_DIR}/{self.run.name}")
 
     @property
     def tokens_per_step(self) -> int:

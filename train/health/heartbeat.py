@@ -28,7 +28,7 @@ import socket
 import time
 from pathlib import Path
 
-from rundir import heartbeat_dir
+from rundir import BEAT_FILE, beat_file, heartbeat_dir
 from train.health.phases import Phase
 from train.health.stacks import catch_stack_dumps
 
@@ -53,10 +53,6 @@ def process_start_time() -> float:
         return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, StopIteration, ValueError, IndexError):
         return time.time()
-
-
-def beat_file(run: Path, rank: int) -> Path:
-    return heartbeat_dir(run) / f"rank-{rank}.json"
 
 
 class Heartbeat:
@@ -99,7 +95,7 @@ class Heartbeat:
 def read_beats(run: Path) -> list[dict]:
     """Every rank's latest beat (a file caught mid-write is skipped until the next read)."""
     beats = []
-    for path in sorted(heartbeat_dir(run).glob("rank-*.json")):
+    for path in sorted(heartbeat_dir(run).glob(BEAT_FILE.format(rank="*"))):
         try:
             beats.append(json.loads(path.read_bytes().strip() or b"null"))
         except (OSError, ValueError):

@@ -14,14 +14,10 @@ import faulthandler
 import signal
 from pathlib import Path
 
-from rundir import heartbeat_dir
+from rundir import stacks_file
 
 STACKS_SIGNAL = signal.SIGUSR2
 _open = []  # the stacks file stays open for the process's life: faulthandler writes to its descriptor
-
-
-def stacks_file(run: Path, rank: int) -> Path:
-    return heartbeat_dir(run) / f"rank-{rank}.stacks"
 
 
 def catch_stack_dumps(run: Path, rank: int) -> None:
