@@ -17,9 +17,7 @@ from pathlib import Path
 from rundir import REPORT_PAGE, report_dir
 from train.report.runs import ReportError, continue_runs, header, read_run
 
-PAGE = REPORT_PAGE  # train.py imports it (and report_dir) from here until it takes rundir's
-
-__all__ = ["PAGE", "ReportError", "write_report"]
+__all__ = ["ReportError", "write_report"]
 
 
 def write_report(runs: list[Path], out: Path | None = None) -> Path:
