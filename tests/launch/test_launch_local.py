@@ -81,7 +81,7 @@ def test_a_rank_whose_core_is_shared_with_a_busy_process_is_named_the_straggler(
                             stderr=subprocess.STDOUT, text=True)
     busy = None
     try:
-        beat = wait_for(lambda: {b["rank"]: b for b in read_beats(run)}.get(1), "rank 1's heartbeat")
+        beat = wait_for(lambda: {b["rank"]: b for b in read_beats(run)}.get(1), "rank 1's heartbeat", 300)  # ~18 s idle
         subprocess.run(["taskset", "-a", "-p", "-c", "0", str(beat["pid"])], check=True, capture_output=True)
         group, enabled = Path(f"/proc/{beat['pid']}/autogroup"), Path("/proc/sys/kernel/sched_autogroup_enabled")
         if group.exists() and enabled.exists() and enabled.read_text().strip() == "1":
@@ -89,7 +89,7 @@ def test_a_rank_whose_core_is_shared_with_a_busy_process_is_named_the_straggler(
         else:  # no autogroups: tasks share a core by their own nice (OMP_NUM_THREADS=1: the main thread computes)
             os.setpriority(os.PRIO_PROCESS, beat["pid"], 5)
         busy = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"])
-        out, _ = proc.communicate(timeout=240)
+        out, _ = proc.communicate(timeout=480)  # ~35 s on an idle machine
     finally:
         if busy:
             busy.kill()
