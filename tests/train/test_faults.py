@@ -117,6 +117,8 @@ def test_runaway_skipping_stops_with_exit_4_naming_the_last_checkpoint(tmp_path)
     assert last == rundir.step_dir(run, 4) and record["checkpoint"] == str(last)
     assert "3 consecutive steps skipped up to step 5" in result.stderr and str(last) in result.stderr
     assert metrics(run)[5]["skipped_steps"] == 3
+    # The report is drawn once more on the way out (the report callback's on_error): its last numbers.
+    assert "skipped" in (rundir.report_dir(run) / rundir.REPORT_PAGE).read_text()
     # Skipped steps left the weights as the last applied step (2) made them.
     w2, w4 = weights(rundir.step_dir(run, 2)), weights(last)
     assert all(torch.equal(w2[k], w4[k]) for k in w2)
