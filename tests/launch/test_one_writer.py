@@ -117,6 +117,15 @@ def test_the_same_launch_id_under_another_agent_is_another_launch(tmp_path, slee
     assert h.alive
 
 
+def test_a_requeued_slurm_jobs_earlier_start_is_its_own(tmp_path):
+    """launch.attempts begin of a requeued job: its last start's ranks on other nodes beat until a moment ago."""
+    run = tmp_path / "run"
+    write_beat(run, 0, pid=4242, host="node-b", launch="77/0/node-a:20077", age=2.0)
+    assert holders(run, LIMITS, own="77/1/node-a:20077", job="77") == []
+    [h] = holders(run, LIMITS, own="78/0/node-a:20078", job="78")  # another job's ranks
+    assert h.alive
+
+
 @pytest.mark.parametrize("age, phase, done, alive", [
     (30, "data", 5, True),  # within stall_timeout
     (90, "data", 5, False),  # silent past stall_timeout: the watchdog would have ended it

@@ -117,15 +117,17 @@ class Holder:
 
 
 def holders(run: Path, limits, *, now: float | None = None, host: str | None = None,
-            own: str | None = None) -> list[Holder]:
+            own: str | None = None, job: str | None = None) -> list[Holder]:
     """Every other launch whose heartbeats are in ``run``, alive or stale (``limits``: the recipe's
-    ``[launch]``; ``own``: this launch's id, default ``launch_id()``)."""
+    ``[launch]``; ``own``: this launch's id, default ``launch_id()``; ``job``: a SLURM job id whose
+    every start is this one's own: a requeued job starts again only once its last start has ended,
+    while that start's ranks on other nodes beat until a moment ago)."""
     now = time.time() if now is None else now
     host = socket.gethostname() if host is None else host
     own = launch_id() if own is None else own
     groups: dict[str, list[dict]] = {}
     for b in read_beats(run):
-        if not _ours(b, own, host):
+        if not _ours(b, own, host) and not (job and str(b.get("launch", "")).split("/")[0] == str(job)):
             groups.setdefault(str(b.get("launch", "?")), []).append(b)
     found = []
     for launch, beats in groups.items():
@@ -150,10 +152,11 @@ def holders(run: Path, limits, *, now: float | None = None, host: str | None = N
 
 
 def claim(run: Path, limits, *, say=None, now: float | None = None, host: str | None = None,
-          own: str | None = None) -> str | None:
+          own: str | None = None, job: str | None = None) -> str | None:
     """Why this launch may not write into ``run`` (another launch's ranks are alive there), or None. A
-    stale holder is taken over: ``say`` (default: print to stderr) is told which."""
-    found = holders(run, limits, now=now, host=host, own=own)
+    stale holder is taken over: ``say`` (default: print to stderr) is told which. ``own``, ``job``: as
+    for ``holders``."""
+    found = holders(run, limits, now=now, host=host, own=own, job=job)
     live = [h for h in found if h.alive]
     if live:
         return (f"run dir {run} is held by another launch whose ranks are alive: "
