@@ -181,10 +181,11 @@ def test_preemption_then_a_stall_requeue_and_resume_with_the_same_losses(slurm, 
     assert stall_in_time(stall), stall  # the watchdog's bound, at the rounding it writes
     assert [(r["rank"], r["state"] == "T", r["stacks"]) for r in stall["ranks"]] == [(0, False, True), (1, True, False)]
     assert "Current thread" in (run / "stalls" / "002" / "rank-0.txt").read_text()
-    # Goodput for a run preempted once and stalled once: each cause cost something, the stall at least its timeout.
+    # Goodput for a run preempted once and stalled once: each cause cost something, the stall at least its
+    # timeout (measured from the last beat to the end in attempts.jsonl, whose times are written to the second).
     a = goodput.account(run)
     assert 0 < a["goodput"] < 1 and a["productive_s"] + sum(a["costs"].values()) <= a["wall_s"] + 1e-6, a
-    assert a["costs"]["stalls"] > STALL_TIMEOUT and a["costs"]["preemptions"] > 0 and a["costs"]["restarts"] > 0, a
+    assert a["costs"]["stalls"] > STALL_TIMEOUT - 1 and a["costs"]["preemptions"] > 0 and a["costs"]["restarts"] > 0, a
     assert [list(split) for split in a["startups"]] == [
         ["process", "imports", "rendezvous", "build", "checkpoint load", "first step"]] * 3, a["startups"]
     text = slurm_cli("status", str(run)).stdout
