@@ -29,7 +29,7 @@ from pathlib import Path
 from launch.attempts import begin, end, logs_dir
 from launch.sbatch import SIGNALS_TO_HANDLE
 from launch.watchdog import Limits, Watchdog, attempt_name
-from rundir import REPO, exit_file
+from rundir import LOCAL_LOGS_DIR, REPO, exit_file
 from train import recipe as R
 from train.exits import EXIT_FILE_ENV, Exit
 from train.health.holder import claim
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
         print(f"error: {held}", file=sys.stderr)  # before begin(), which clears the holder's heartbeats
         return Exit.BAD_INPUT
     cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", f"--nproc-per-node={args.nproc}",
-           f"--signals-to-handle={SIGNALS_TO_HANDLE}", f"--log-dir={logs_dir(run) / 'local'}", "--tee=3",
+           f"--signals-to-handle={SIGNALS_TO_HANDLE}", f"--log-dir={logs_dir(run) / LOCAL_LOGS_DIR}", "--tee=3",
            "--local-ranks-filter=0", str(REPO / "train.py"), "--recipe", args.recipe,
            *(f"--set={s}" for s in args.set)]
     env = {**os.environ, EXIT_FILE_ENV: str(exit_file(run))}
