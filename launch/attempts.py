@@ -42,11 +42,12 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import rundir
-from rundir import NODE_LOG_RE, attempts_file, exit_file, latest_complete_step, launcher_dir, logs_dir
+from rundir import NODE_LOG_RE, attempts_file, exit_file, heartbeat_dir, latest_complete_step, launcher_dir, logs_dir
+from train import recipe as R
 from train.exits import Exit
-from rundir import heartbeat_dir
 from train.health.alerts import read_alerts
 from train.health.heartbeat import read_beats, summary
+from train.health.holder import claim
 from train.health.storage import NoSpace, free_bytes, is_out_of_space
 
 # A rank that died of one of these was killed by the node (OOM killer, bad memory, a crash
@@ -250,12 +251,17 @@ def main(argv=None) -> int:
     p.add_argument("--job", required=True)
     p.add_argument("--restart", type=int, default=0, help="begin: the scheduler's restart count")
     p.add_argument("--nodes", default="", help="the job's nodes")
+    p.add_argument("--recipe", type=Path, help="begin: the frozen recipe; a run dir another launch's live ranks "
+                   "hold is refused (exit 2, train.health.holder) before anything is written")
     p.add_argument("--rc", type=int, help="end: the exit status of the training processes")
     p.add_argument("--crashes-per-day", type=int, default=0, help="end: crash restarts allowed per 24 h (0: any)")
     p.add_argument("--exclude-stragglers", action="store_true", help="end: a requeue excludes named stragglers")
     args = p.parse_args(argv)
     try:
         if args.what == "begin":
+            if args.recipe and (held := claim(args.run, R.load(str(args.recipe)).launch, job=args.job)):
+                print(f"error: {held}", file=sys.stderr)
+                return Exit.BAD_INPUT
             event = begin(args.run, args.job, restart=args.restart, nodes=args.nodes)
             print(f"start {args.restart} of job {args.job} from step {event['step']}", file=sys.stderr)
             return 0

@@ -2,6 +2,9 @@
 
 What it does, and why each piece is there:
 
+- ``launch.attempts begin`` first: a run dir that another launch's live ranks
+  hold is refused (exit 2, ``train.health.holder``: the job fails, it is not
+  requeued) before the start is recorded or the old heartbeats cleared;
 - one srun task per node, each a torchrun agent; the agents meet in a c10d
   rendezvous on the job's first node (the same script runs on 1 or 24 nodes);
 - ``--signal=B:USR1@N`` asks SLURM to signal the batch shell N seconds before
@@ -15,7 +18,7 @@ What it does, and why each piece is there:
   pinned to a node requeues with that node added to the job's ExcNodeList
   (only a pending job can be updated: requeue first, with SIGTERM ignored so
   the requeue's own signal does not cut the update off); with ``[launch]
-  exclude_stragglers`` the nodes train.health.straggler named are excluded the same way;
+  exclude_stragglers`` the nodes the straggler check named are excluded the same way;
 - ``launch.watchdog`` runs beside srun on the first node: a start that makes
   no progress for ``[launch] stall_timeout`` gets its ranks' stacks dumped
   and is killed, and ``launch.attempts end`` records the cause ``stall``;
@@ -106,7 +109,7 @@ def render(job: Job) -> str:
         f"port={port}",
         'echo "$(date -Is) job $SLURM_JOB_ID start ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST"',
         '"$PY" -m launch.attempts begin "$RUN" --job "$SLURM_JOB_ID" --restart "${SLURM_RESTART_COUNT:-0}" '
-        '--nodes "$SLURM_JOB_NODELIST" || exit 1',
+        f'--nodes "$SLURM_JOB_NODELIST" --recipe {q(str(job.recipe))} || exit $?',
         "",
         "# SLURM signals only this shell (B:); pass the signal on to every task.",
         "srun_pid=",

@@ -42,43 +42,16 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from rundir import STALL_FILE, STALL_STACKS_FILE, attempts_file, exit_file, read_jsonl, stacks_file, stall_dir
 from train.exits import Exit, note_exit
 from train.health.heartbeat import read_beats
-from train.health.phases import allowance as phase_allowance
 from train.health.stacks import STACKS_SIGNAL
+from train.health.stall import Limits, allowance
 
 STATES = {"T": "stopped", "D": "in uninterruptible sleep"}  # /proc/<pid>/stat states that cannot dump
 DUMP_WAIT_S = 5.0  # how long the ranks get to write their stacks
-
-
-@dataclass
-class Limits:
-    """Seconds of silence allowed (``[launch]`` stall_timeout*); ``stall`` 0: never a stall."""
-    stall: float
-    first_step: float
-    checkpoint: float
-    eval: float
-
-    @classmethod
-    def of(cls, launch) -> Limits:
-        return cls(launch.stall_timeout, launch.stall_timeout_first_step, launch.stall_timeout_checkpoint,
-                   launch.stall_timeout_eval)
-
-
-def allowance(beats: list[dict], limits: Limits) -> tuple[float, str]:
-    """(seconds, why) of silence allowed now, given every rank's latest beat."""
-    world = max((b["world"] for b in beats), default=1)
-    if len(beats) < world or any(b["done"] == 0 for b in beats):
-        return limits.first_step, "first step"
-    allowed = [(limits.stall, "steady")]
-    for b in beats:
-        if (kind := phase_allowance(b["phase"])) != "steady":
-            allowed.append((getattr(limits, kind), b["phase"]))
-    return max(allowed)
 
 
 def stalled(beats: list[dict], started: float, limits: Limits, now: float) -> dict | None:

@@ -154,7 +154,7 @@ def reference_losses(tmp_path_factory) -> dict[int, float]:
     with FileLock(f"{run}.lock"):
         if not history(run) or history(run)[-1].get("action") != "done":
             result = subprocess.run(local_command(run), cwd=REPO, env=env(), capture_output=True, text=True,
-                                    timeout=300)
+                                    timeout=600)  # ~100 s under a second suite
             assert result.returncode == 0, result.stderr[-3000:]
     return losses(run)
 

@@ -167,6 +167,23 @@ def test_launch_local_refuses_a_held_run_dir_before_writing_anything(tmp_path, s
     assert tree(run) == before  # no attempts.jsonl, the holder's heartbeat still there
 
 
+def test_the_slurm_batch_scripts_begin_refuses_a_held_run_dir_before_writing_anything(tmp_path, sleeper):
+    """``launch.attempts begin`` (the batch script's first step) checks before it clears the heartbeats:
+    a SLURM job into a run dir another launch's live ranks hold exits 2, and the job is not requeued."""
+    from launch.attempts import main as attempts_main
+
+    run = tmp_path / "run"
+    write_beat(run, 0, pid=sleeper.pid, process=process_start(sleeper.pid))
+    before = tree(run)
+    recipe = str(REPO / "recipes" / "tiny.toml")
+    assert attempts_main(["begin", str(run), "--job", "42", "--recipe", recipe]) == Exit.BAD_INPUT
+    assert tree(run) == before
+    sleeper.kill()
+    sleeper.wait()
+    assert attempts_main(["begin", str(run), "--job", "42", "--recipe", recipe]) == 0  # a stale holder: taken over
+    assert rundir.attempts_file(run).is_file() and not rundir.heartbeat_dir(run).exists()
+
+
 # ---- die with the parent -----------------------------------------------------------------------
 
 RANK = ("import sys, time; sys.path.insert(0, {repo!r}); from train.health.holder import die_with_parent; "

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import rundir
 from train.health.heartbeat import launch_id, read_beats
-from train.health.phases import allowance as phase_allowance
+from train.health.stall import Limits, allowance
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -180,20 +180,16 @@ def _ours(beat: dict, own: str, host: str) -> bool:
     return pid == os.getpid() or _parent(pid) == os.getppid()
 
 
-def allowed_silence(beats: list[dict], limits) -> float:
-    """Seconds a launch may be silent before launch.watchdog ends it as stalled: the first-step
-    allowance until every rank has done a step, else the most lenient phase a rank is in. With stall
-    detection off (``stall_timeout = 0``) the recipe defaults stand in: a holder must go stale some time."""
+def allowed_silence(beats: list[dict], launch) -> float:
+    """Seconds a launch may be silent before launch.watchdog ends it as stalled (``train.health.stall``,
+    the watchdog's own rule; ``launch``: the recipe's ``[launch]``). With stall detection off
+    (``stall_timeout = 0``) the recipe defaults stand in: a holder must go stale some time."""
     from train.recipe import Launch  # torch-free
 
-    default = Launch()
-    limit = {kind: getattr(limits, key, 0) or getattr(default, key) for kind, key in (
-        ("steady", "stall_timeout"), ("first_step", "stall_timeout_first_step"),
-        ("checkpoint", "stall_timeout_checkpoint"), ("eval", "stall_timeout_eval"))}
-    world = max((b.get("world", 1) for b in beats), default=1)
-    if len(beats) < world or any(b.get("done", 0) == 0 for b in beats):
-        return float(limit["first_step"])
-    return float(max(limit.get(phase_allowance(b.get("phase", "")), limit["steady"]) for b in beats))
+    limits, default = Limits.of(launch), Limits.of(Launch())
+    for kind in ("stall", "first_step", "checkpoint", "eval"):
+        setattr(limits, kind, getattr(limits, kind) or getattr(default, kind))
+    return float(allowance(beats, limits)[0])
 
 
 def pid_alive(pid, started: float | None = None) -> bool:
