@@ -75,7 +75,8 @@ def note_exit(code: Exit, path: str | Path | None = None, why: str | None = None
     if not path:
         return
     record = {"code": int(code), "reason": why or reason(code), **details,
-              "rank": int(os.environ.get("RANK", 0)), "time": datetime.now(timezone.utc).isoformat()}
+              **({"rank": int(os.environ["RANK"])} if "RANK" in os.environ else {}),  # the watchdog is no rank
+              "time": datetime.now(timezone.utc).isoformat()}
     try:
         with open(path, "x") as f:
             f.write(json.dumps(record) + "\n")

@@ -26,6 +26,7 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from rundir import is_complete, step_number
@@ -53,6 +54,8 @@ TORCHTITAN_API = {
     (CheckpointManager, "_find_load_step"): "(self, folder: 'str' = '') -> 'int'",
     (CheckpointManager, "_purge_stale_checkpoints"): "(self)",
     (CheckpointManager, "_should_purge"): "(self) -> 'bool'",
+    (CheckpointManager, "dcp_load"): "(self, state_dict: 'dict[str, Any]', checkpoint_id: 'str', from_hf: 'bool', "
+    "from_quantized: 'bool') -> 'None'",
     (Trainer, "train_step"): "(self, data_iterator: collections.abc.Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]])",
     (Trainer, "forward_backward_step"): None,  # only overridden and called through: any signature
     (Trainer, "batch_generator"): None,
@@ -134,6 +137,7 @@ class MilestoneCheckpointManager(CheckpointManager):
         self.before_save: Callable[[int], None] = lambda step: None
         self.after_save: Callable[[Path], None] = lambda path: None
         self.last_saved_step = -1  # the step of this process's latest save
+        self.loading: set[str] | None = None  # during a load: the keys its checkpoint holds
 
     def _should_save(self, curr_step: int, last_step: bool = False) -> bool:
         # replaces CheckpointManager._should_save: also at every milestone
@@ -180,8 +184,23 @@ class MilestoneCheckpointManager(CheckpointManager):
             steps = [n for n in steps if is_verified(path / f"step-{n}")] or steps
         return max(steps, default=-1)
 
+    def dcp_load(self, state_dict, checkpoint_id, from_hf, from_quantized) -> None:
+        # wraps CheckpointManager.dcp_load: the checkpoint's keys are known while it loads, so a state
+        # whose layout changed (the trainer's) asks for what that checkpoint holds
+        if not from_hf:
+            self.loading = set(dcp.FileSystemReader(checkpoint_id).read_metadata().state_dict_metadata)
+        try:
+            super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
+        finally:
+            self.loading = None
+
     def _load(self, step: int = -1) -> bool:
         # wraps CheckpointManager._load: a damaged latest checkpoint is moved aside and the previous one loaded
+        damaged = sorted(p.name for p in Path(self.folder).glob("step-*.damaged*")) if Path(self.folder).is_dir() else []
+        if step < 0 and damaged and self._find_load_step() < 0:
+            raise RuntimeError(f"{self.folder} holds only damaged checkpoints ({', '.join(damaged)}): not starting "
+                               "from scratch beside them; rename one back to step-N to resume from it, or move "
+                               "them away to start afresh")
         while True:
             which = step if step >= 0 else self._find_load_step()
             try:

@@ -31,13 +31,19 @@ import torch
 import torch.distributed as dist
 import tyro
 
+from torchtitan.components.checkpointer.base import TRAIN_STATE
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.trainer import Trainer
 
 from train.callbacks.callback import Callbacks
+from train.callbacks.spike_guard import SpikeGuard
 from train.health.heartbeat import Heartbeat
 from train.health.phases import Phase
 from train.titan import GuardedOptimizers, grad_norm_to
+
+
+CALLBACKS_KEY = "callbacks"  # the callbacks' state in the trainer's checkpoint state (train.callbacks.callback)
+LEGACY_GUARD_KEY = "guard"  # the spike guard's, in checkpoints written before callbacks
 
 
 class LaneformerTrainer(Trainer):
@@ -84,17 +90,16 @@ class LaneformerTrainer(Trainer):
             super().train()
             self.callbacks.call("post_train", self)
         except Exception as e:
-            self.callbacks.call("on_error", self, e)
+            self.callbacks.call_on_error(self, e)
             raise
 
     def should_continue_training(self) -> bool:
         """torchtitan asks this before every step, that is after the checkpoint load (the first time)
         or the previous step's save: ``pre_train`` or ``post_step`` runs here."""
-        if self._started:
-            self.callbacks.call("post_step", self)
+        if self._started:  # until the next step: torchtitan's garbage collection, its last sleep
+            self.callbacks.call("post_step", self, then=Phase.METRICS)
         else:
             self._started = True
-            self.heartbeat.mark("loaded")
             self.callbacks.call("pre_train", self)
         return super().should_continue_training()
 
@@ -161,11 +166,21 @@ class LaneformerTrainer(Trainer):
             yield batch
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "callbacks": self.callbacks.state_dict()}
+        state = {**super().state_dict(), CALLBACKS_KEY: self.callbacks.state_json()}
+        held = self.checkpointer.loading  # during a load, the keys its checkpoint holds
+        if held is not None and f"{TRAIN_STATE}.{CALLBACKS_KEY}" not in held:
+            # written before callbacks (round 4): the spike guard's state had a key of its own
+            del state[CALLBACKS_KEY]
+            guard = self.callbacks.get(SpikeGuard.name).guard.state_dict()
+            state[LEGACY_GUARD_KEY] = {k: v for k, v in guard.items() if f"{TRAIN_STATE}.{LEGACY_GUARD_KEY}.{k}" in held}
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
-        self.callbacks.load_state_dict(state_dict.get("callbacks", {}))
+        if CALLBACKS_KEY in state_dict:
+            self.callbacks.load_state_json(state_dict[CALLBACKS_KEY])
+        elif LEGACY_GUARD_KEY in state_dict:
+            self.callbacks.get(SpikeGuard.name).load_state_dict({**state_dict[LEGACY_GUARD_KEY], "step": self.step})
 
     @property
     def rank0(self) -> bool:

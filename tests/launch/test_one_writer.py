@@ -161,7 +161,7 @@ def test_launch_local_refuses_a_held_run_dir_before_writing_anything(tmp_path, s
     before = tree(run)
     result = subprocess.run([sys.executable, "-m", "launch.local", "--recipe", "tiny.toml", "--nproc", "2",
                              *(f"--set={s}" for s in (f"run.output_dir={run}", *SETS, "training.steps=2"))],
-                            cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+                            cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == Exit.BAD_INPUT, result.stderr[-3000:]
     assert f"is held by another launch whose ranks are alive" in result.stderr and f"pid {sleeper.pid}" in result.stderr
     assert tree(run) == before  # no attempts.jsonl, the holder's heartbeat still there
@@ -251,7 +251,7 @@ def test_a_killed_torchrun_leaves_no_rank_and_a_second_launch_waits_for_the_run_
                               stderr=subprocess.DEVNULL, start_new_session=True)  # setsid torchrun ...
     ranks = []
     try:
-        wait_for(lambda: rundir.complete_steps(run), "the first complete checkpoint", timeout=240)
+        wait_for(lambda: rundir.complete_steps(run), "the first complete checkpoint", timeout=480)
         ranks = wait_for(lambda: (b := read_beats(run)) and len(b) == 2 and sorted(x["pid"] for x in b),
                          "both ranks' heartbeats")
         # Freeze the holder (its ranks stay alive), so that the run dir stands still while the second
@@ -259,7 +259,7 @@ def test_a_killed_torchrun_leaves_no_rank_and_a_second_launch_waits_for_the_run_
         for pid in ranks:
             os.kill(pid, signal.SIGSTOP)
         before = tree(run)
-        second = train(*sets, nproc=1, timeout=300)
+        second = train(*sets, nproc=1, timeout=600)
         assert second.returncode == Exit.BAD_INPUT, second.stderr[-3000:]
         assert "is held by another launch whose ranks are alive" in second.stderr, second.stderr[-3000:]
         for pid in ranks:
@@ -279,7 +279,7 @@ def test_a_killed_torchrun_leaves_no_rank_and_a_second_launch_waits_for_the_run_
                 os.kill(pid, signal.SIGKILL)
 
     latest = rundir.latest_complete_step(run)
-    again = train(*sets, nproc=1, timeout=300)
+    again = train(*sets, nproc=1, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     out = again.stdout + again.stderr
     assert f"Training starts at step {latest + 1}" in out, out[-3000:]

@@ -27,6 +27,7 @@ counts instead of starting them again.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
@@ -99,7 +100,8 @@ class Callbacks:
 
     def call(self, point: str, trainer: LaneformerTrainer, *args, then: Phase | None = None) -> None:
         """Call ``point`` on every callback acting there, each under its phase; ``then``: the phase
-        to go back to afterwards (a point inside the trainer's own phase, such as a save)."""
+        to go back to afterwards (a point inside the trainer's own phase, such as a save; after the
+        step, what runs until the next one), so a phase holds only its callback's own time."""
         acting = self.at(point)
         for callback in acting:
             self.enter(callback.phase)
@@ -107,11 +109,24 @@ class Callbacks:
         if then is not None and acting:
             self.enter(then)
 
-    def state_dict(self) -> dict[str, str]:
-        """Each stateful callback's state as one JSON string: DCP stores it as an opaque object."""
-        return {c.name: json.dumps(c.state_dict()) for c in self.all if type(c).state_dict is not Callback.state_dict}
+    def state_json(self) -> str:
+        """Every stateful callback's state, by name, as one JSON string: one checkpoint key (DCP stores a
+        string as an opaque object) whichever callbacks a run has, so adding or dropping one never
+        makes a checkpoint unloadable."""
+        return json.dumps({c.name: c.state_dict() for c in self.all if type(c).state_dict is not Callback.state_dict})
 
-    def load_state_dict(self, state: dict[str, str]) -> None:
+    def load_state_json(self, text: str) -> None:
+        """Restore what ``state_json`` wrote; a callback it does not name keeps its fresh state."""
+        state = json.loads(text)
         for c in self.all:
             if c.name in state:
-                c.load_state_dict(json.loads(state[c.name]))
+                c.load_state_dict(state[c.name])
+
+    def call_on_error(self, trainer: LaneformerTrainer, error: Exception) -> None:
+        """``on_error`` on every callback acting there; one that fails is logged, never replaces ``error``."""
+        for callback in self.at("on_error"):
+            try:
+                self.enter(callback.phase)
+                callback.on_error(trainer, error)
+            except Exception as e:  # the run's own error is what the launcher must see
+                print(f"warning: callback {callback.name}'s on_error failed: {type(e).__name__}: {e}", file=sys.stderr)

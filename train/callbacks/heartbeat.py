@@ -18,7 +18,7 @@ from train.health.phases import Phase
 class Heartbeat(Callback, Configurable):
     name = "heartbeat"
     priority = 1000  # first at every point: a step's phases begin with its number
-    phase = Phase.METRICS  # bookkeeping; at pre_step it enters the step's first phase itself
+    phase = Phase.DATA  # a step begins with its data (at post_train_batch it only counts, before the next callback)
 
     @dataclass(kw_only=True, slots=True)
     class Config(Configurable.Config):
@@ -31,7 +31,7 @@ class Heartbeat(Callback, Configurable):
         self.beats.mark("loaded")
 
     def pre_step(self, trainer: LaneformerTrainer) -> None:
-        self.beats.beat(Phase.DATA, trainer.step)  # a new step: written at once
+        """Nothing more: entering this callback's phase with the new step's number is the beat."""
 
     def post_train_batch(self, trainer: LaneformerTrainer) -> None:
         self.beats.mark("first_step")  # this launch's first update is applied

@@ -23,6 +23,7 @@ from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
 from train.callbacks.callback import Callback, LaneformerTrainer
+from train.health.holder import killed_with_parent
 from train.health.phases import Phase
 
 LAUNCH_METRIC = "launch"  # logged at a process's first step: the launch number (train.report.runs marks restarts)
@@ -75,7 +76,8 @@ class Report(Callback, Configurable):
             with open(out / rundir.REPORT_LOG, "w") as log:
                 self.child = subprocess.Popen(
                     [sys.executable, "-m", "train.report", str(run)], stdout=log, stderr=subprocess.STDOUT,
-                    cwd=rundir.REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                    cwd=rundir.REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                    preexec_fn=killed_with_parent)  # no second writer in the run dir once this rank is gone
             if wait:
                 self._done(self.child, wait=True)
         except Exception as e:  # the report must never stop training

@@ -13,9 +13,10 @@ times of each launch:
   (compile);
 - **replays**: steps trained after the checkpoint a restart resumed from,
   done again, at that launch's mean step time;
-- **checkpoints**, **rollbacks**, **evals** (eval, report and export), **preemptions** (the
-  per-step agreement on a preemption request, and its save): time in those phases after the
-  first step, each phase booked where ``train.health.phases.Phase.bucket`` says;
+- **checkpoints** (every save, a preemption's too), **rollbacks** (their checkpoint load),
+  **evals** (eval, report and export), **preemptions** (the per-step agreement on a preemption
+  request): time in those phases after the first step, each phase booked where
+  ``train.health.phases.Phase.bucket`` says;
 - per end cause (**stalls**, **preemptions**, **crashes**): the time from the
   launch's last beat to its end (the stall allowance ran out, a crashed job
   wound down, the preemption save) plus the wait until the next start (requeue,

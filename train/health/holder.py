@@ -67,8 +67,7 @@ def die_with_parent(parent: int | None = None) -> bool:
     if not started_by_torchrun() or not sys.platform.startswith("linux"):
         return False
     expected = os.getppid() if parent is None else parent
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+    if not killed_with_parent():
         print(f"warning: prctl(PR_SET_PDEATHSIG) failed ({os.strerror(ctypes.get_errno())}): this rank will "
               "outlive its torchrun agent if the agent is killed", file=sys.stderr)
         return False
@@ -77,6 +76,15 @@ def die_with_parent(parent: int | None = None) -> bool:
               file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     return True
+
+
+def killed_with_parent() -> bool:
+    """Ask the kernel to SIGKILL this process when its parent dies; False where it cannot (not Linux).
+    Also the ``preexec_fn`` of a rank's own children that write into the run dir (the report's drawing):
+    they end with the rank."""
+    if not sys.platform.startswith("linux"):
+        return False
+    return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
 
 
 def _init_is_a_launcher() -> bool:

@@ -8,9 +8,10 @@ A rank's heartbeat (``train.health.heartbeat``) names the phase it is in. Two re
 - goodput (``train.health.goodput``) books a phase's time in its ``bucket``: productive training,
   or one of the costs it reports.
 
-The trainer enters the step's own phases (``DATA`` .. ``CHECKPOINT``); a callback declares its
-phase as a class attribute (``train.callbacks.callback.Callback.phase``), so renaming a class
-moves nothing. Torch-free: the watchdog imports it.
+The trainer enters its own phases (``LOAD``, ``FORWARD_BACKWARD``, ``OPTIMIZER``, ``CHECKPOINT``);
+a callback declares its phase as a class attribute (``train.callbacks.callback.Callback.phase``),
+entered while it runs (the heartbeat callback's ``DATA`` begins a step), so renaming a class moves
+nothing. Torch-free: the watchdog imports it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class Phase(StrEnum):
     EVAL = "eval"
     EXPORT = "export"  # the end-of-run Hugging Face export
     REPORT = "report"  # rank 0 drawing the run report
-    PREEMPTION = "preemption"  # the per-step agreement on a preemption request, then its save
+    PREEMPTION = "preemption"  # the per-step agreement on a preemption request (its save is a CHECKPOINT)
 
     @property
     def allowance(self) -> str:

@@ -135,7 +135,7 @@ def read_run(path: Path) -> Run:
 
 
 def restarts(attempts: list[dict], rows: dict[int, dict]) -> list[Restart]:
-    """Every start after the first. Where it is: the launch number the report hook logs at each
+    """Every start after the first. Where it is: the launch number the report callback logs at each
     process's first step (every launcher, plain torchrun too), else the launchers' start records;
     why: the launchers' record of how the start before it ended (preempted, crash), if any."""
     recorded, cause, starts = [], None, 0
@@ -220,7 +220,7 @@ def goodput(path: Path) -> str:
 
 def parameters(run: Run) -> str:
     """The model's parameter count: as the run logged it, else (a run from before the report
-    hook) from laneformer_config.json on the meta device."""
+    callback) from laneformer_config.json on the meta device."""
     if logged := run.series(PARAMETERS_METRIC)[1]:
         return f"{int(logged[-1]):,}"
     path = run.path
