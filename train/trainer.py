@@ -172,7 +172,8 @@ class LaneformerTrainer(Trainer):
             # written before callbacks (round 4): the spike guard's state had a key of its own
             del state[CALLBACKS_KEY]
             guard = self.callbacks.get(SpikeGuard.name).guard.state_dict()
-            state[LEGACY_GUARD_KEY] = {k: v for k, v in guard.items() if f"{TRAIN_STATE}.{LEGACY_GUARD_KEY}.{k}" in held}
+            if guard := {k: v for k, v in guard.items() if f"{TRAIN_STATE}.{LEGACY_GUARD_KEY}.{k}" in held}:
+                state[LEGACY_GUARD_KEY] = guard
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

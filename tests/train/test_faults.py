@@ -179,3 +179,33 @@ def test_a_damaged_latest_checkpoint_is_moved_aside_and_the_run_replays_from_the
     assert rundir.complete_steps(run) == []
     assert sorted(p.name for p in rundir.checkpoints_dir(run).iterdir()) == [
         "step-2.damaged", "step-4.damaged", "step-4.damaged-2", "step-6.damaged"]
+    # The launcher's next restart must not train from step 0 beside them either.
+    result = train_rank0(run, "training.steps=8", *common)
+    assert result.returncode != 0 and "holds only damaged checkpoints" in result.stderr, result.stderr[-3000:]
+    assert "Training starts at step 1" not in result.stdout + result.stderr
+
+
+# A checkpoint written before callbacks (round 4) kept the spike guard's state under its own key
+# "guard" and had no "callbacks"; the trainer's state then is written that way here, and the next
+# launch, with today's layout, must load it (not move it aside as damaged) and go on counting skips.
+ROUND_4_LAYOUT = ALL_NAN_FROM.replace("> {first_bad_call}", "== 5").format() + """
+from train.callbacks.spike_guard import SpikeGuard
+from train.trainer import LaneformerTrainer
+def round_4_state(self):
+    return {"step": self.step, "ntokens_seen": self.ntokens_seen,
+            "guard": self.callbacks.get(SpikeGuard.name).guard.state_dict()}
+LaneformerTrainer.state_dict = round_4_state
+"""
+
+
+def test_a_checkpoint_from_before_callbacks_resumes_with_its_guard(tmp_path):
+    run = tmp_path / "run"
+    first = train_rank0(run, "training.steps=4", "checkpoint.interval=2", inject=ROUND_4_LAYOUT)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert metrics(run)[4]["skipped_steps"] == 1  # step 3's first micro batch (call 5) was NaN
+    result = train_rank0(run, "training.steps=6", "checkpoint.interval=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    assert "Training starts at step 5" in out and "DAMAGED" not in out
+    assert metrics(run)[6]["skipped_steps"] == 1  # the restored guard's count, not a fresh 0
+    assert sorted(p.name for p in rundir.checkpoints_dir(run).iterdir()) == ["step-2", "step-4", "step-6"]
