@@ -75,7 +75,7 @@ def test_a_rank_whose_core_is_shared_with_a_busy_process_is_named_the_straggler(
     groups, and on a loaded machine the load balancer moves every other task off the busy core,
     so rank 1's session is niced (its autogroup) to lose to the neighbour, as a noisy one would."""
     run = tmp_path / "run"
-    steps = ("--set=training.steps=5", "--set=logging.interval=2", "--set=checkpoint.interval=100",
+    steps = ("--set=training.steps=9", "--set=logging.interval=2", "--set=checkpoint.interval=100",
              f"--set=launch.straggler_windows={STRAGGLER_WINDOWS}")
     proc = subprocess.Popen([*local_command(run), *steps], cwd=REPO, env=env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -96,15 +96,20 @@ def test_a_rank_whose_core_is_shared_with_a_busy_process_is_named_the_straggler(
         if proc.poll() is None:
             kill_tree(proc.pid)
     assert proc.returncode == 0, out[-3000:]
-    # named within the configured windows: logging steps 1, 2, 4 (step 1 may have begun before the pin)
+    # named once slowest for the configured windows in a row: at logging step 4 on a quiet machine (step 1
+    # may have begun before the pin); later when a second suite beside it slows rank 0 too (CI under load)
     first = read_alerts(run)[0]
-    assert (first["kind"], first["rank"]) == ("straggler", 1) and first["step"] <= 4, first
+    assert (first["kind"], first["rank"]) == ("straggler", 1), first
+    logged = sorted(losses(run))
+    streak = logged[logged.index(first["step"]) - STRAGGLER_WINDOWS + 1:logged.index(first["step"]) + 1]
+    assert all(metrics(run)[s]["straggler/compute_max_s"] > 1.2 * metrics(run)[s]["straggler/compute_median_s"]
+               and metrics(run)[s]["straggler/slowest_rank"] == 1 for s in streak), streak
     assert "STRAGGLER: rank 1 on" in out
     assert metrics(run)[first["step"]]["straggler/slowest_rank"] == 1
     assert f"slow hosts: {first['host']} (rank 1 at step" in status(run)
-    assert sorted(losses(run)) == [1, 2, 4, 5]  # every 2 steps, and the last step whatever the interval
+    assert logged == [1, 2, 4, 6, 8, 9]  # every 2 steps, and the last step whatever the interval
     figure = embedded_data((run / "report" / "report.html").read_text())["stragglers"]  # compute per host
-    assert figure[first["host"]]["steps"] == [1, 2, 4, 5]
+    assert figure[first["host"]]["steps"] == logged
 
 
 STALL_TIMEOUT = 10  # seconds; the watchdog looks once a second

@@ -108,13 +108,32 @@ def test_this_launchs_own_beats_are_not_a_holder(tmp_path, monkeypatch):
 
 
 def test_the_same_launch_id_under_another_agent_is_another_launch(tmp_path, sleeper, monkeypatch):
-    """torchrun's default port and run id repeat: a killed torchrun's orphan shares a new launch's id."""
+    """torchrun's default port and run id repeat: a killed torchrun's orphan shares a new launch's id. Its
+    parent is no torchrun agent (here: this test); a sibling agent's rank is the same launch (the SLURM
+    tests' two emulated nodes on one host)."""
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
     run = tmp_path / "run"
     write_beat(run, 0, pid=sleeper.pid, launch=launch_id(), process=process_start(sleeper.pid))
     assert sleeper.pid != os.getpid()  # the sleeper's parent is this process, not this process's parent
     [h] = holders(run, LIMITS)
     assert h.alive
+
+
+def test_a_rank_of_another_agent_of_the_same_launch_on_this_host_is_its_own(tmp_path, monkeypatch):
+    """Two nodes' torchrun agents on one host (SLURM's emulated nodes): the other agent's rank is no holder."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "20")
+    agent = subprocess.Popen([sys.executable, "-c", "import subprocess, time; p = subprocess.Popen(['sleep', '60']); "
+                              "print(p.pid, flush=True); time.sleep(60)", "torchrun"],  # "torchrun" in its command line
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        rank = int(agent.stdout.readline())
+        run = tmp_path / "run"
+        write_beat(run, 1, pid=rank, launch=launch_id(), process=process_start(rank))
+        assert holders(run, LIMITS) == []
+        write_beat(run, 1, pid=rank, launch="another/0/127.0.0.1:1", process=process_start(rank))
+        assert [h.alive for h in holders(run, LIMITS)] == [True]  # another launch's rank under an agent: a holder
+    finally:
+        kill_tree(agent.pid)
 
 
 def test_a_requeued_slurm_jobs_earlier_start_is_its_own(tmp_path):

@@ -178,14 +178,26 @@ def claim(run: Path, limits, *, say=None, now: float | None = None, host: str | 
 
 
 def _ours(beat: dict, own: str, host: str) -> bool:
-    """A beat of this launch: its id, and on this host, this process or a sibling under the same agent
-    (a killed torchrun's orphans can share the id of a new one on the same default port)."""
+    """A beat of this launch: its id, and on this host, this process or a rank under a live torchrun agent:
+    this one's, or another agent of the same launch (several nodes' agents on one host, as SLURM's
+    emulated nodes are). A killed torchrun's orphan (its id repeats with torchrun's default port and run
+    id) has a reaper for a parent, not an agent."""
     if beat.get("launch") != own:
         return False
     if beat.get("host") != host:
         return True
     pid = beat.get("pid")
-    return pid == os.getpid() or _parent(pid) == os.getppid()
+    parent = _parent(pid)
+    return pid == os.getpid() or parent == os.getppid() or _is_torchrun(parent)
+
+
+def _is_torchrun(pid) -> bool:
+    """Whether ``pid`` is a torchrun agent (its command line runs torchrun or torch.distributed.run)."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, TypeError):
+        return False
+    return b"torchrun" in command or b"torch.distributed.run" in command
 
 
 def allowed_silence(beats: list[dict], launch) -> float:
