@@ -257,7 +257,9 @@ def _start_time(stat: list[str]) -> float:
 def launch_number(run: Path, beats: list[dict]) -> int | None:
     """The holder's ``launches/NNN`` (train.snapshot.record_launch: written by its rank 0 before the
     trainer starts): the newest one started before its ranks' trainers did."""
-    began = min((b.get("marks", {}).get("trainer", float("inf")) for b in beats), default=float("inf"))
+    # rank 0 records the launch before its own trainer starts; other ranks may start theirs earlier (load)
+    zero = [b for b in beats if b.get("rank") == 0] or beats
+    began = max((b.get("marks", {}).get("trainer", float("inf")) for b in zero), default=float("inf"))
     best = None
     for folder in (Path(run) / rundir.LAUNCHES_DIR).glob("[0-9]*"):
         try:
