@@ -26,7 +26,8 @@ from tests.conftest import env, kill_tree, losses, train, train_command
 from tests.launch.conftest import wait_for
 from train.exits import Exit
 from train.health.heartbeat import launch_id, read_beats
-from train.health.holder import claim, holders, pid_alive, process_start
+from train.health.heartbeat import process_start_time as process_start
+from train.health.holder import claim, holders, pid_alive
 from train.recipe import Launch
 
 HOST = socket.gethostname()

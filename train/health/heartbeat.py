@@ -44,15 +44,16 @@ def launch_id() -> str:
                      f"{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"])
 
 
-def process_start_time() -> float:
-    """This process's start, wall clock (Linux: /proc), for time to the first step."""
+def process_start_time(pid: int | str = "self") -> float | None:
+    """A process's start, wall clock (Linux: /proc): this one's for time to the first step (falls back
+    to now), another's for train.health.holder (None when it is gone)."""
     try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
         boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
                     if line.startswith("btime"))
         return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, StopIteration, ValueError, IndexError):
-        return time.time()
+        return time.time() if pid == "self" else None
 
 
 class Heartbeat:

@@ -47,7 +47,7 @@ from datetime import datetime
 from pathlib import Path
 
 import rundir
-from train.health.heartbeat import launch_id, read_beats
+from train.health.heartbeat import launch_id, process_start_time, read_beats
 from train.health.stall import Limits, allowance
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -222,7 +222,8 @@ def pid_alive(pid, started: float | None = None) -> bool:
         return False
     if started is None:
         return True
-    return abs(_start_time(stat) - started) < 1.0
+    start = process_start_time(pid)
+    return start is not None and abs(start - started) < 1.0
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -233,25 +234,9 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
-def process_start(pid: int) -> float | None:
-    """A local process's wall-clock start as heartbeat.process_start_time computes it; None if gone."""
-    stat = _stat(pid)
-    return None if stat is None else _start_time(stat)
-
-
 def _parent(pid) -> int | None:
     stat = _stat(pid) if isinstance(pid, int) else None
     return int(stat[1]) if stat else None
-
-
-def _start_time(stat: list[str]) -> float:
-    """Wall-clock start of a process from its stat fields, as heartbeat.process_start_time computes it."""
-    try:
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime"))
-        return boot + int(stat[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, StopIteration, ValueError, IndexError):
-        return float("nan")
 
 
 def launch_number(run: Path, beats: list[dict]) -> int | None:
