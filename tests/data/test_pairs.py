@@ -193,3 +193,39 @@ steps = 1
     both.write_text(recipe.replace("pairs = true\n", 'pairs = true\nchat_key = "messages"\n'))
     with pytest.raises(R.RecipeError, match="source 'prefs'.*give pairs or chat_key, not both"):
         R.load(str(both))
+
+
+def test_bundled_pairs_regenerate_byte_identical_and_follow_their_rule(tmp_path):
+    """assets/preference is what `python -m data.make_sample_pairs` writes, byte for byte (raw pairs, manifests
+    with their checksums, token, index, mask and metadata files); every chosen answer does what its prompt
+    asks (the word, or the sum), every rejected one is a refusal; the 3 bad pairs are counted and refused."""
+    import re
+
+    from data.make_sample_pairs import REFUSALS, SEQ_LEN, build
+    from data.shards import verify_checksums
+    from rundir import REPO
+
+    bundled = REPO / "assets" / "preference"
+    build(tmp_path)
+    files = sorted(p.relative_to(bundled) for p in bundled.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    for name in ("train", "heldout"):
+        verify_checksums(tmp_path / name)
+    stale = [str(f) for f in files if (tmp_path / f).read_bytes() != (bundled / f).read_bytes()]
+    assert not stale, f"assets/preference differs from a fresh `python -m data.make_sample_pairs`: {stale}"
+    assert sum(f.stat().st_size for f in bundled.rglob("*") if f.is_file()) < 1 << 20
+
+    rows = [json.loads(line) for line in (bundled / "pairs.jsonl").read_text().splitlines()]
+    assert all(list(r) == ["prompt", "chosen", "rejected"] for r in rows)
+    good = rows[:-3]
+    for r in good:
+        question, answer = r["prompt"][-1]["content"], r["chosen"][0]["content"]
+        if m := re.fullmatch(r"What is (\d+) \+ (\d+)\?", question):
+            assert int(answer) == int(m[1]) + int(m[2])
+        else:
+            assert re.search(rf"\b{answer}\b", question)
+        assert r["rejected"][0]["content"] in REFUSALS
+    train, heldout = (json.loads((bundled / n / "manifest.json").read_text())["pairs"] for n in ("train", "heldout"))
+    assert (train["pairs"], heldout["pairs"]) == (len(good) - len(good[::10]), len(good[::10]))
+    assert 1000 <= train["pairs"] <= 2000 and 100 <= heldout["pairs"] <= 200 and train["seq_len"] == SEQ_LEN
+    assert train["rejected"] == {IDENTICAL: 1, EMPTY_ANSWER: 1, TOO_LONG: 1} and heldout["rejected"] == {}
