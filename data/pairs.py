@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from data.chat import BadConversation, check_conversation, prompt_ids, render
-from data.shards import ShardError, TokenizedSource, open_source
+from data.shards import MANIFEST, ShardError, TokenizedSource, open_source
 
 KEYS = ("prompt", "chosen", "rejected")  # the columns a pair row is read from
 MANIFEST_KEY = "pairs"  # the manifest entry that marks a pair source
@@ -68,7 +68,8 @@ def split_pair(row: dict) -> tuple[str, list, dict, dict]:
     if isinstance(prompt, list):
         for answer in (chosen, rejected):
             if len(answer) != 1 or not isinstance(answer[0], dict) or answer[0].get("role") != "assistant":
-                raise BadConversation(NOT_ONE_ANSWER, f"{[m.get('role') if isinstance(m, dict) else m for m in answer]}")
+                roles = [m.get("role") if isinstance(m, dict) else m for m in answer]
+                raise BadConversation(NOT_ONE_ANSWER, f"roles {roles}")
         return "explicit", prompt, chosen[0], rejected[0]
     fmt = "tulu" if isinstance(prompt, str) else "implicit"
     if fmt == "tulu" and len(chosen) == 1 and len(rejected) == 1:  # the lists hold the answers alone
@@ -106,7 +107,7 @@ def pairs_of(source: str | Path | TokenizedSource) -> Iterator[tuple[np.ndarray,
     ShardError if it is not one (no ``pairs`` manifest entry, no masks, a shard with an odd document count)."""
     if not isinstance(source, TokenizedSource):
         source = open_source(source)
-    where = source.path / "manifest.json"
+    where = source.path / MANIFEST
     if MANIFEST_KEY not in source.manifest or not source.manifest.get("loss_mask"):
         raise ShardError(f"{where}: not a pair source (no '{MANIFEST_KEY}' entry or no loss masks); "
                          "tokenize it with python -m data.tokenize --pairs")

@@ -45,6 +45,7 @@ from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.filters.base_filter import BaseFilter
 
 from data.hf_tokenizer import PROBE_TEXTS, build_fast_tokenizer, document_post_processor
+from data.pairs import MANIFEST_KEY as PAIRS
 from data.shards import LOGS_DIR, write_manifest
 from data.tokenizer import Tokenizer
 from rundir import REPO
@@ -208,9 +209,8 @@ def empty_tokenization(out: Path, description: dict) -> EmptyTokenization:
     excluded = " (or --exclude dropped every row)" if description.get("exclude") else ""
     if description.get("pairs"):  # every row refused: say why, by reason
         from data.chat_tokenize import logged
-        from data.pairs import MANIFEST_KEY
 
-        refused = dict(logged(out, MANIFEST_KEY)[1])
+        refused = dict(logged(out, PAIRS)[1])
         return EmptyTokenization(f"{description.get('spec', out)}: no pairs: rows refused: {refused or 'none'}"
                                  f"{excluded}; --pairs reads chosen/rejected message lists (and a prompt list or "
                                  f"string); {has}. Nothing was written to {out}/manifest.json")
@@ -237,7 +237,7 @@ def finish(out: Path, tokenizer: dict, description: dict, tasks: int) -> dict:
     if description.get("pairs"):  # preference pairs: formats, template, refused rows (data.pairs_tokenize)
         from data.pairs_tokenize import pair_summary
 
-        extra["pairs"] = pair_summary(out, description.get("chat_template"), description.get("seq_len"))
+        extra[PAIRS] = pair_summary(out, description.get("chat_template"), description.get("seq_len"))
     return write_manifest(out, tokenizer, description, extra)
 
 
@@ -346,9 +346,9 @@ def run_and_report(a: argparse.Namespace, p: argparse.ArgumentParser, **kwargs) 
               f"in {len(manifest['shards'])} shards")
         if "chat" in manifest:
             print(f"conversations refused (not trained on): {manifest['chat']['rejected'] or 'none'}")
-        if "pairs" in manifest:
-            print(f"{manifest['pairs']['pairs']} pairs {manifest['pairs']['format']}; rows refused (not trained on): "
-                  f"{manifest['pairs']['rejected'] or 'none'}")
+        if PAIRS in manifest:
+            print(f"{manifest[PAIRS]['pairs']} pairs {manifest[PAIRS]['format']}; rows refused (not trained on): "
+                  f"{manifest[PAIRS]['rejected'] or 'none'}")
         if "excluded_rows" in manifest:
             print(f"rows excluded by {manifest['input']['exclude']}: {manifest['excluded_rows']}")
     else:

@@ -29,6 +29,7 @@ from rundir import writable
 from data.chat import resolve_template, template_sha256
 from data.loader import MixtureDataLoader, SentencePieceTokenizer, build_mixture
 from data.mixture import Mixture
+from data.pairs import MANIFEST_KEY as PAIRS
 from data.shards import MANIFEST, load_manifest
 from data.tokenizer import Tokenizer, check_sha256, how_to_get
 from eval.suite import check_inputs
@@ -194,13 +195,13 @@ def check_chat_templates(recipe: Recipe) -> list[str]:
             entries = load_manifest(path)
         except ValueError:
             continue  # a missing or unreadable manifest is reported by the checks that open the source
-        key = "pairs" if "pairs" in entries else "chat"  # pair sources record their template as chat ones do
+        key = PAIRS if PAIRS in entries else "chat"  # pair sources record their template as chat ones do
         chat = entries.get(key)
         retokenize = f"retokenize it with python -m train.data tokenize --recipe {p} --source {source}"
         if chat_key and chat is None:
             problems.append(f"{p}: {table} chat_key: source {source!r} is conversations, but {manifest} has no "
                             f"'chat' entry (tokenized as plain text?); {retokenize}")
-        elif pairs is not None and pairs != (key == "pairs"):
+        elif pairs is not None and pairs != (key == PAIRS):
             problems.append(f"{p}: {table} pairs: source {source!r} is {'' if pairs else 'not '}preference pairs, "
                             f"but {manifest} has {'no' if pairs else 'a'} 'pairs' entry; "
                             + (retokenize if pairs else "set pairs = true"))

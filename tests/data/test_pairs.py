@@ -145,7 +145,8 @@ def test_a_recipe_pair_source_is_tokenized_with_its_seq_len_and_template_and_che
     from train.build import check_chat_templates
     from train.data import main as data_main
 
-    rows = [ROWS["explicit"], {**ROWS["implicit"], "chosen": PROMPT + [{"role": "assistant", "content": "word " * 100}]}]
+    too_long = {**ROWS["implicit"], "chosen": PROMPT + [{"role": "assistant", "content": "word " * 100}]}
+    rows = [ROWS["explicit"], too_long]
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "mine.jinja").write_text(LLAMA2.replace("'[INST] '", "'Q: '"))
     recipe = f"""
@@ -189,6 +190,14 @@ steps = 1
     (problem,) = check_chat_templates(R.load(str(chat)))
     assert "source 'prefs' is preference pairs, but" in problem and "has no 'pairs' entry" in problem
 
+    from train.build import make_source_command
+
+    own = tmp_path / "own.toml"  # the user's own files: no input, so data.tokenize with --pairs
+    own.write_text(recipe.replace(f'input = "{tmp_path / "pairs.jsonl"}"\n', ""))
+    own = R.load(str(own))
+    assert make_source_command(own, own.data.sources[0]).startswith(
+        "python -m data.tokenize --input <your jsonl/parquet files> --pairs --seq-len 128 ")
+
     both = tmp_path / "both.toml"
     both.write_text(recipe.replace("pairs = true\n", 'pairs = true\nchat_key = "messages"\n'))
     with pytest.raises(R.RecipeError, match="source 'prefs'.*give pairs or chat_key, not both"):
@@ -229,3 +238,16 @@ def test_bundled_pairs_regenerate_byte_identical_and_follow_their_rule(tmp_path)
     assert (train["pairs"], heldout["pairs"]) == (len(good) - len(good[::10]), len(good[::10]))
     assert 1000 <= train["pairs"] <= 2000 and 100 <= heldout["pairs"] <= 200 and train["seq_len"] == SEQ_LEN
     assert train["rejected"] == {IDENTICAL: 1, EMPTY_ANSWER: 1, TOO_LONG: 1} and heldout["rejected"] == {}
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--pairs", "--chat-key", "messages"], "give --pairs or --chat-key, not both"),
+    (["--seq-len", "128"], "--seq-len is for --pairs"),
+])
+def test_flags_that_do_not_go_together_exit_2(flags, message, tmp_path, capsys):
+    from data.tokenize import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--input", "assets/preference/pairs.jsonl", "--tokenizer", str(TINY_TOKENIZER),
+              "--out", str(tmp_path / "tok"), *flags])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
