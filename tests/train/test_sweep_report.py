@@ -18,7 +18,7 @@ from rundir import COMPARISON_FILE, METRICS_FILE, MODEL_CONFIG_FILE, RECIPE_FILE
 from train.report.__main__ import main as report_main
 from train.report.runs import ReportError, read_run
 from train.report.scaling import fit_power_law, flops_per_token, recipe_flops
-from train.report.sweep import SweepRun, compared_tokens, write_sweep_report
+from train.report.sweep import SweepRun, compared_tokens, summarize, write_sweep_report
 
 SEQ, BATCH, STEPS = 64, 8, 10
 TINY = laneformer_configs["tiny"]()
@@ -134,6 +134,12 @@ def test_one_seed_gives_a_delta_without_a_verdict(tmp_path, capsys):
     assert summary["base"]["verdict"] == "baseline" and summary["base"]["val_loss_std"] == ""
     assert summary["other"]["verdict"] == ("better by 0.100; no seed-noise estimate (other and the baseline: "
                                            "one seed; run more seeds)")
+
+
+def test_seeds_without_any_spread_give_no_t():
+    """Welch's t divides by the seeds' spread: none at all (identical losses) is said, not divided by."""
+    assert summarize("v", [3.1, 3.1], [3.0, 3.0], False)["verdict"] == "worse by 0.100 (no seed spread)"
+    assert summarize("v", [3.0, 3.0], [3.0, 3.0], False)["verdict"] == "within seed noise"
 
 
 def test_variants_of_different_batch_are_read_at_the_same_tokens(tmp_path, capsys):

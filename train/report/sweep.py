@@ -75,7 +75,7 @@ class SweepRun:
 
 @dataclass
 class Comparison:
-    tokens: float  # the token count every run is read at
+    tokens: int  # the token count every run is read at
     metric: str  # VAL, or TRAIN when the runs cannot be compared on validation
     rows: list[dict]  # COMPARISON_FIELDS
     summary: list[dict]  # SUMMARY_FIELDS
