@@ -188,7 +188,8 @@ def test_without_validation_in_every_run_training_loss_is_compared(tmp_path, cap
     assert "compared on training loss (val_loss_* columns hold it): no eval/val_loss in base-seed2" in printed
     assert {r["at"] for r in rows.values()} == {"step 8"}
     trains = {"base-seed1": 3.1, "base-seed2": 3.3, "other-seed1": 3.2, "other-seed2": 3.4}  # val + 0.1
-    assert {n: float(r["train_loss"]) for n, r in rows.items()} == pytest.approx({n: t + 1 / 8 for n, t in trains.items()})
+    assert {n: float(r["train_loss"]) for n, r in rows.items()} == pytest.approx({n: t + 1 / 8
+                                                                                  for n, t in trains.items()})
     assert float(summary["base"]["val_loss_mean"]) == pytest.approx(3.2 + 1 / 8)  # the training loss's mean
     assert float(summary["other"]["delta_vs_baseline"]) == pytest.approx(0.1)
     # The validated runs still show their validation at 4,096 tokens (between steps 5 and 10) where they have it.

@@ -215,8 +215,8 @@ def summary_lines(c: Comparison) -> list[str]:
     rows = [[r["variant"], str(r["n"]), f"{r['val_loss_mean']:.4f}", _fmt(r["val_loss_std"], ".4f"),
              _fmt(r["delta_vs_baseline"], "+.4f"), _fmt(r["sigmas"], "+.1f"), r["verdict"]] for r in c.summary]
     return [f"{what} at {c.tokens:,} tokens (the most every run reached with it; each run's value logged there or "
-            "interpolated: comparison.csv's at); sigmas: Welch's t from the seeds of the variant and the baseline; "
-            "within seed noise: |sigmas| below Student's t at 95% for Welch's degrees of freedom",
+            "interpolated: comparison.csv's at); sigmas: Welch's t over the seeds of the variant and the baseline; "
+            "within seed noise: |sigmas| below Student's t at 95% (Welch's dof)",
             *text_table(header, rows), *c.notes]
 
 
