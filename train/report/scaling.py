@@ -4,10 +4,11 @@ against training FLOPs, with its uncertainty, and read at the 2B recipe's comput
 The fit: for a fixed exponent ``b`` the law is linear in ``a`` and ``c``, solved exactly by least
 squares; ``b`` is then the one-dimensional minimum of the residual (a grid, every exponent of it
 solved at once, then scipy's bounded Brent search between the grid's neighbours): no starting guess
-to get wrong. The uncertainty is the usual
-linearised one: the parameters' covariance ``s^2 (J^T J)^-1`` from the Jacobian at the optimum with
-``s^2`` the residual variance over ``n - 3`` degrees of freedom, and a prediction's standard error
-by the delta method. With 4 sizes that is 1 degree of freedom: the error bars are wide, and say so.
+to get wrong. The uncertainty is the usual linearised one: the parameters' covariance
+``s^2 (J^T J)^-1`` from the Jacobian at the optimum with ``s^2`` the residual variance over ``n - 3``
+degrees of freedom, and a prediction's standard error by the delta method (both checked against
+the spread of fits of a known law with noise added). With 4 sizes that is 1 degree of freedom: the
+error bars are wide, and say so.
 
 What it can and cannot promise: it interpolates the sizes it saw and extrapolates along the same
 law; it assumes every size was trained the same way (same data, schedule shape, tokens per
