@@ -178,8 +178,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         for result, release in zip(report.evalplus, releases):
             samples = write_samples(result, args.evalplus_out, release).resolve()
             override = f"{RELEASES[result.dataset][2]}={Path(release).resolve()} " if release else ""
-            print(f"{result.dataset}: samples and verdicts in EvalPlus's files beside {samples}; EvalPlus reads them "
-                  f"with: {override}python -m evalplus.evaluate --dataset {result.dataset} --samples {samples}"
+            print(f"{result.dataset}: wrote {samples} and its .raw.jsonl and _eval_results.json; EvalPlus reads "
+                  f"them with: {override}python -m evalplus.evaluate --dataset {result.dataset} --samples {samples}"
                   + ("" if args.limit is None else " (once every task has samples: not with --limit)"))
     out = report_json(report, loaded.source, args)
     if args.out:

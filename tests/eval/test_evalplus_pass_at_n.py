@@ -14,62 +14,14 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
-from data.tokenizer import TINY_TOKENIZER, Tokenizer
+from data.tokenizer import TINY_TOKENIZER
 from eval import evalplus
 from eval.evalplus import EvalPlusResult, Sample, Verdict, pass_ks, sample_files, write_samples
 from tests.conftest import metrics, short, train, write_tiny_run
+from tests.eval.conftest import HUMANEVAL_TASKS, N, SAMPLED_ANSWERS
+from tests.eval.conftest import sampled_evalplus as sampled
 from tests.eval.evalplus_cases import HUMANEVAL, MBPP, write_release
-
-N = 10  # samples a task: EvalPlus prints pass@1 and pass@10
-# Each task's answers (completions of its base prompt): the scripted model draws among them. Right,
-# base-only and wrong ones, so that tasks pass some, all or none of their samples; HumanEval/2 has
-# no answer passing its plus tests, so HumanEval+'s pass@10 is below 1.
-ANSWERS = {
-    "HumanEval/0": ["    return a + b\n", "    return abs(a) + abs(b)\n", "    return a - b\n"],
-    "HumanEval/1": ["    return sum(xs) / len(xs)\n", "    return (sum(xs) / len(xs),)\n"],
-    "HumanEval/2": ["    return [x * k for x in xs] if xs else ()\n", "    return tuple(x * k for x in xs)\n"],
-    "Mbpp/2": ["def similar_elements(a, b):\n    return tuple(set(a) & set(b))\n",
-               "def similar_elements(a, b):\n    return tuple(set(a) | set(b))\n"],
-    "Mbpp/787": ["import re\ndef text_match_three(text):\n    return re.search('abbb', text)\n",
-                 "import re\ndef text_match_three(text):\n    return 'Found' if re.search('abbb', text) else 'No'\n"],
-    "Mbpp/164": ["def are_equivalent(a, b):\n    return False\n"],
-    "Mbpp/295": ["def sum_div(n):\n    return 0\n", "def sum_div(n):\n    return n\n"],
-}
-HUMANEVAL_TASKS = HUMANEVAL[:3]  # not find_zero: the project scores it with upstream's fix, evalplus 0.3.1 without
-
-
-class Branching:
-    """A scripted sampler: the next token of every answer the row is still a prefix of (EOS at an answer's
-    end) gets the same high logit, so sampling draws among the answers. Every position of a row holds
-    the logits after its last real token (before the EOS padding): the only position generation reads."""
-
-    def __init__(self, answers: list[list[int]], vocab: int, eos: int):
-        self.answers, self.vocab, self.eos = answers, vocab, eos
-
-    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        logits = torch.zeros(ids.shape[0], 1, self.vocab)
-        for row, seq in enumerate(ids.tolist()):
-            while seq and seq[-1] == self.eos:
-                seq.pop()
-            for answer in (a for a in self.answers if a[: len(seq)] == seq):
-                logits[row, 0, answer[len(seq)] if len(seq) < len(answer) else self.eos] = 30.0
-        return logits.expand(-1, ids.shape[1], -1)
-
-
-def sampled(dataset: str, tasks: list[dict], seed: int = 0) -> EvalPlusResult:
-    tok = Tokenizer()
-    answers = []
-    for task in tasks:
-        prompt = tok.encode(evalplus.base_prompt(task), bos=True)
-        for text in ANSWERS[task["task_id"]]:
-            ids = tok.encode(evalplus.base_prompt(task) + text, bos=True)
-            assert ids[: len(prompt)] == prompt  # the answer continues the prompt's very ids
-            answers.append(ids)
-    return evalplus.evaluate_evalplus(Branching(answers, tok.vocab_size, tok.eos_id), tok, dataset, max_seq_len=512,
-                                      tasks=tasks, max_new_tokens=64, samples=N, temperature=1.0, seed=seed)
-
 
 @pytest.fixture(scope="module")
 def releases(tmp_path_factory) -> dict:
@@ -142,8 +94,8 @@ def test_evalplus_own_evaluate_reads_the_files_and_agrees(results, releases, tmp
     for dataset, result in results.items():
         assert [len(s) for s in result.samples.values()] == [N] * len(result.samples)
         ours = write_samples(result, tmp_path / "ours", releases[dataset])
-        assert ours == tmp_path / "ours" / f"{dataset}.jsonl" and all(p.is_file() for p in sample_files(ours.parent,
-                                                                                                         dataset))
+        assert ours == tmp_path / "ours" / f"{dataset}.jsonl"
+        assert all(p.is_file() for p in sample_files(ours.parent, dataset))
         fresh = tmp_path / "fresh" / ours.name
         fresh.parent.mkdir(exist_ok=True)
         shutil.copy(ours, fresh)  # the samples alone: evaluate scores them itself
@@ -164,12 +116,14 @@ def test_evalplus_own_evaluate_reads_the_files_and_agrees(results, releases, tmp
 
 
 def test_the_raw_file_holds_the_program_before_the_sanitizer(results, releases, tmp_path):
-    samples, raw, _ = sample_files(write_samples(results["humaneval"], tmp_path, releases["humaneval"]).parent, "humaneval")
+    """As evalplus's codegen writes its .raw.jsonl for a base model: the prompt and the completion."""
+    write_samples(results["humaneval"], tmp_path, releases["humaneval"])
+    samples, raw, _ = sample_files(tmp_path, "humaneval")
     rows = [json.loads(line) for line in raw.read_text().splitlines()]
     assert len(rows) == len(samples.read_text().splitlines()) == 3 * N
-    first = results["humaneval"].samples["HumanEval/0"][0]
-    assert rows[0] == {"task_id": "HumanEval/0", "solution": first.raw}
-    assert first.raw == evalplus.base_prompt(HUMANEVAL[0]) + next(a for a in ANSWERS["HumanEval/0"] if first.raw.endswith(a))
+    prompt = evalplus.base_prompt(HUMANEVAL[0])
+    assert rows[0]["task_id"] == "HumanEval/0"
+    assert rows[0]["solution"] in [prompt + answer for answer in SAMPLED_ANSWERS["HumanEval/0"]]
 
 
 # --- the seed ---------------------------------------------------------------------------------
@@ -198,7 +152,8 @@ def test_eval_run_reports_pass_at_k_and_writes_evalplus_files(tmp_path, capsys, 
               "--limit", "1", "--max-new-tokens", "3", "--device", "cpu"]
     with pytest.raises(SystemExit) as e:
         main([*common, "--samples", "3"])
-    assert e.value.code == 2 and "evalplus_samples: 3 answers a task at evalplus_temperature 0" in capsys.readouterr().err
+    assert e.value.code == 2
+    assert "evalplus_samples: 3 answers a task at evalplus_temperature 0" in capsys.readouterr().err
     out = main([*common, "--samples", "3", "--temperature", "1.0", "--top-p", "0.9", "--seed", "7",
                 "--evalplus-out", str(tmp_path / "out")])
     assert set(out["metrics"]) == {f"{d}/pass@{k}" for d in ("humaneval", "humaneval+", "mbpp", "mbpp+")
