@@ -238,7 +238,7 @@ def test_eval_panels_hold_the_evals_files_numbers(tmp_path):
     """CORE (the average and a panel per task), lm-eval tasks and HumanEval+/MBPP+, from
     evals/step-N.json as the eval hook writes them, with metric names from eval's own results."""
     from eval.core import CoreResult, TaskScore
-    from eval.evalplus import EvalPlusResult
+    from eval.evalplus import EvalPlusResult, Sample, Verdict
     from eval.lm_harness import flat_metrics
 
     run = fake_run(tmp_path, step_rows([5, 10]))
@@ -247,7 +247,8 @@ def test_eval_panels_hold_the_evals_files_numbers(tmp_path):
         core = CoreResult({label: TaskScore(label, acc, 10, {"v1": acc - 0.1, "v2": acc - 0.2})
                            for label in ("arc_easy", "piqa")}, missing={})
         lm = flat_metrics({"toy_task": {"acc,none": acc, "acc_stderr,none": 0.1}})
-        code = EvalPlusResult("humaneval", False, {"HumanEval/0": {"base": True, "plus": acc > 0.3}}, {}).metrics()
+        verdict = Verdict("pass", "pass" if acc > 0.3 else "fail", [], [] if acc > 0.3 else [[1]])
+        code = EvalPlusResult("humaneval", False, {"HumanEval/0": [Sample("", "", verdict)]}).metrics()
         written[step] = {**core.metrics(), **lm, **code}
         (run / "evals").mkdir(exist_ok=True)
         (run / "evals" / f"step-{step}.json").write_text(json.dumps({"step": step, "metrics": written[step],
