@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from data.index import CKPT as _CKPT
+from data.holdout import holdout_problem
 from data.index import SourceIndex
 from data.shards import TokenizedSource, open_source
 
@@ -91,6 +92,9 @@ class SourceSpec:
     text_key: str = "text"
     chat_key: str | None = None
     exclude: dict[str, list[str]] = field(default_factory=dict)
+    # Documents held out of training into <path>/heldout (data.holdout), validated on in the loop: a fraction,
+    # a document count, 0 for none; None: the recipe's [data] holdout.
+    holdout: int | float | None = None
 
     def __post_init__(self):
         where = f"source {self.name!r} ({self.path})"
@@ -108,6 +112,8 @@ class SourceSpec:
             raise MixtureError(f"{where}: give at most one of hub_id and input")
         if (self.subset or self.revision) and not self.hub_id:
             raise MixtureError(f"{where}: subset and revision need a hub_id")
+        if self.holdout is not None and (why := holdout_problem(self.holdout)):
+            raise MixtureError(f"{where}: holdout: {why}")
 
     @property
     def origin(self) -> tuple:
