@@ -85,6 +85,14 @@ def test_dry_run_prints_the_2b_plan_and_what_a_launch_here_lacks():
     assert "FLOPs per token: 14,840,543,232" in result.stdout
     assert "expected wall time" in result.stdout
     assert "data plan: every expected size covers its needs" in result.stdout
+    # every source's held-out set, sized from the recipe's numbers as the file spells them (no data here)
+    import tomllib
+
+    raw = tomllib.loads((REPO / "recipes" / "phase1.toml").read_text())
+    for s in raw["data"]["sources"]:
+        held = round(raw["data"]["holdout"] * s["expected_tokens"])
+        assert (f"  {s['name']}: expected ~{held:,} tokens (of expected_tokens {s['expected_tokens']:,}); "
+                f"holdout {raw['data']['holdout']!r}, not split yet: /data/laneformer/{s['path']}/heldout") in result.stdout
 
 
 # ---- one short run: schedule, logs --------------------------------------------------
