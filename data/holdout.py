@@ -137,8 +137,8 @@ def split(directory: str | Path, holdout: float | int) -> dict:
     entry = recorded_holdout(directory)
     if entry is not None:
         if entry["holdout"] != holdout:
-            raise HoldoutError(f"{directory}: already split with holdout {entry['holdout']!r} "
-                               f"({held_out_dir(directory) / MANIFEST}), not {holdout!r}: tokenize it again to change it")
+            raise HoldoutError(f"{directory}: already split with holdout {entry['holdout']!r} ("
+                               f"{held_out_dir(directory) / MANIFEST}), not {holdout!r}: tokenize it again to change it")
         if manifest.get("holdout") != entry:  # tokenization rerun: its manifest was rewritten from the shards
             _rewrite(directory, manifest, entry)
         return entry

@@ -65,7 +65,7 @@ def test_the_dry_run_lists_each_held_out_set_with_what_its_shards_hold(tmp_path)
         documents = sum(p.stat().st_size // 8 for p in held.glob("*.ds.index"))
         tokens = sum(p.stat().st_size // 2 for p in held.glob("*.ds"))
         assert f"  {s.name}: {documents:,} documents, {tokens:,} tokens; holdout 0.1: {held}\n" in report + "\n"
-    assert "held-out sets (never trained on; validated every 100 steps and at the end, 32 x 128 tokens of each): " \
+    assert "held-out sets (never trained on; validated every 100 steps and at the end, 16 x 128 tokens of each): " \
            "eval/val_loss/<name>, eval/val_bpb/<name>" in report
 
 
