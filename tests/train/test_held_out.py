@@ -104,3 +104,17 @@ def test_validation_scores_every_set_and_weights_their_mean_by_tokens(tmp_path):
     assert abs(got[VAL_LOSS] - (n1 + n2) / (t1 + t2)) < 1e-5
     assert abs(got[VAL_LOSS] - (n1 / t1 + n2 / t2) / 2) > 1e-3
     assert abs(got[VAL_BPB] - (n1 + n2) / math.log(2) / (b1 + b2)) < 1e-5
+
+
+def test_a_bad_holdout_is_refused_naming_the_file_and_key(tmp_path):
+    import pytest
+
+    text = (R.RECIPES / "tiny.toml").read_text().replace('max_epochs = 4\n', 'max_epochs = 4\nholdout = 1.5\n', 1)
+    (tmp_path / "bad.toml").write_text(text)
+    with pytest.raises(R.RecipeError) as e:
+        R.load(str(tmp_path / "bad.toml"))
+    assert str(e.value) == (f"{tmp_path / 'bad.toml'}: [data.sources[0]] source 'prose' (assets/sample_data/prose): "
+                            "holdout: a fraction must be in (0, 1) (a document count is an integer), got 1.5")
+    with pytest.raises(R.RecipeError, match=r"^--set data.holdout=-3 \(over .*tiny.toml\): \[data\] holdout: "
+                                            r"a document count must be >= 1 \(0: no holdout\), got -3$"):
+        R.load("tiny.toml", ["data.holdout=-3"])
