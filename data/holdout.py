@@ -44,7 +44,6 @@ from data.shards import MANIFEST, Shard, ShardError, load_manifest, open_shard, 
 
 HELD_OUT_DIR = "heldout"  # inside a source's dir: its held-out documents, a tokenized source of their own
 RULE = "blake2b-8 of the document's token ids (little-endian uint32), as a little-endian integer, < threshold"
-_WRITE_DOCS = 1 << 16  # documents copied per write
 
 
 class HoldoutError(ValueError):
@@ -107,10 +106,8 @@ def _write_documents(path: Path, shard: Shard, docs: np.ndarray) -> None:
     files = {"": shard.tokens, ".loss": shard.loss} if shard.loss is not None else {"": shard.tokens}
     for suffix, array in files.items():
         with open(f"{path}{suffix}.tmp", "wb") as f:
-            for lo in range(0, len(docs), _WRITE_DOCS):
-                chunk = docs[lo:lo + _WRITE_DOCS]
-                for a, b in zip(starts[chunk], ends[chunk]):
-                    f.write(np.asarray(array[a:b]).tobytes())
+            for a, b in zip(starts[docs], ends[docs]):  # from the memmap, a document at a time
+                f.write(np.asarray(array[a:b]).tobytes())
     np.cumsum(lens, dtype=np.int64).astype("<u8").tofile(f"{path}.index.tmp")
     first = Path(f"{shard.path}.metadata").read_text().split("\n")[0] if Path(f"{shard.path}.metadata").is_file() \
         else "unknown|" + str(shard.tokens.dtype.itemsize)
