@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from data.index import CKPT as _CKPT
+from data.holdout import holdout_problem
 from data.index import SourceIndex
 from data.shards import TokenizedSource, open_source
 
@@ -93,6 +94,9 @@ class SourceSpec:
     chat_key: str | None = None
     pairs: bool = False  # preference pairs (data.pairs): prompt/chosen/rejected rows, two documents each
     exclude: dict[str, list[str]] = field(default_factory=dict)
+    # Documents held out of training into <path>/heldout (data.holdout), validated on in the loop: a fraction,
+    # a document count, 0 for none; None: the recipe's [data] holdout.
+    holdout: int | float | None = None
 
     def __post_init__(self):
         where = f"source {self.name!r} ({self.path})"
@@ -112,6 +116,11 @@ class SourceSpec:
             raise MixtureError(f"{where}: give pairs or chat_key, not both (pairs read prompt/chosen/rejected)")
         if (self.subset or self.revision) and not self.hub_id:
             raise MixtureError(f"{where}: subset and revision need a hub_id")
+        if self.holdout is not None and (why := holdout_problem(self.holdout)):
+            raise MixtureError(f"{where}: holdout: {why}")
+        if self.pairs and self.holdout:  # the split hashes single documents: it would part chosen from rejected
+            raise MixtureError(f"{where}: holdout: not for pairs; hold pairs out in a file of their own "
+                               "(as assets/preference/heldout)")
 
     @property
     def origin(self) -> tuple:

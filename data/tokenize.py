@@ -2,7 +2,7 @@
 
     python -m data.tokenize --input <hub id | dir | glob of jsonl/parquet> --text-key text \
         --tokenizer assets/tokenizer/tokenizer.model --out <dir> [--tasks N --workers N]
-        [--subset C --split S --revision SHA --exclude COLUMN=VALUE ...]
+        [--subset C --split S --revision SHA --exclude COLUMN=VALUE ... --holdout FRACTION|COUNT]
         [--slurm --partition P --time 12:00:00 --cpus 2 --mem-per-cpu 2 --qos ""]
     python -m train.data tokenize --recipe phase1 --source web-high [...]   # a recipe's source
 
@@ -31,6 +31,7 @@ Reruns are cheap and safe: the datatrove logging dir is <out>/logs, so finished
 tasks are skipped; never change --tasks between reruns. With --slurm the
 manifest is written by a 1-task job that depends on the tokenization array;
 locally it is written at the end. ``--manifest-only`` rebuilds it from shards.
+``--holdout`` then moves a hashed choice of documents into ``<out>/heldout`` (data.holdout).
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.filters.base_filter import BaseFilter
 
 from data.hf_tokenizer import PROBE_TEXTS, build_fast_tokenizer, document_post_processor
+from data.holdout import HoldoutError, describe, parse_holdout, split
 from data.pairs import MANIFEST_KEY as PAIRS
-from data.shards import LOGS_DIR, write_manifest
+from data.shards import LOGS_DIR, load_manifest, write_manifest
 from data.tokenizer import Tokenizer
 from rundir import REPO
 
@@ -163,12 +165,13 @@ class WriteManifest(PipelineStep):
     name = "manifest"
     type = "📝 - WRITER"
 
-    def __init__(self, out: str, tokenizer: dict, description: dict, tasks: int):
+    def __init__(self, out: str, tokenizer: dict, description: dict, tasks: int, holdout: float | int | None = None):
         super().__init__()
         self.out, self.tokenizer, self.description, self.tasks = out, tokenizer, description, tasks
+        self.holdout = holdout
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
-        finish(Path(self.out), self.tokenizer, self.description, self.tasks)
+        finish(Path(self.out), self.tokenizer, self.description, self.tasks, self.holdout)
         return iter(())
 
 
@@ -218,7 +221,9 @@ def empty_tokenization(out: Path, description: dict) -> EmptyTokenization:
                              f"text{excluded}; {has}. Nothing was written to {out}/manifest.json")
 
 
-def finish(out: Path, tokenizer: dict, description: dict, tasks: int) -> dict:
+def finish(out: Path, tokenizer: dict, description: dict, tasks: int, holdout: float | int | None = None) -> dict:
+    """Check every task finished, write manifest.json and, with ``holdout``, split off the held-out
+    documents (data.holdout: after writing, by a hash of each document's ids)."""
     done = {p.name for p in (out / LOGS_DIR / "completions").glob("*")}
     missing = [r for r in range(tasks) if f"{r:05d}" not in done]
     if missing:
@@ -238,7 +243,11 @@ def finish(out: Path, tokenizer: dict, description: dict, tasks: int) -> dict:
         from data.pairs_tokenize import pair_summary
 
         extra[PAIRS] = pair_summary(out, description.get("chat_template"), description.get("seq_len"))
-    return write_manifest(out, tokenizer, description, extra)
+    manifest = write_manifest(out, tokenizer, description, extra)
+    if holdout:
+        split(out, holdout)
+        manifest = load_manifest(out)
+    return manifest
 
 
 def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, text_key: str = "text",
@@ -246,8 +255,10 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
         limit: int = -1, streaming: bool = False, slurm: dict | None = None, manifest_only: bool = False,
         description: dict | None = None, chat_key: str | None = None,
         chat_template: str | None = None, hub: bool = False, revision: str | None = None,
-        exclude: dict[str, list[str]] | None = None, pairs: bool = False, seq_len: int | None = None) -> dict | None:
+        exclude: dict[str, list[str]] | None = None, pairs: bool = False, seq_len: int | None = None,
+        holdout: float | int | None = None) -> dict | None:
     """Tokenize input_spec into out; returns the manifest (None when submitted to SLURM).
+    ``holdout``: a fraction or a document count held out into ``out/heldout`` (data.holdout).
     ``hub``: input_spec is a ``datasets.load_dataset`` name (a Hub id, or a local dataset dir);
     ``description``: what the manifest records as the input (default: what was read);
     ``pairs``: preference pairs (data.pairs), refusing a pair with a side over ``seq_len`` tokens."""
@@ -264,7 +275,7 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
     if exclude:
         desc = {**desc, "exclude": exclude}
     if manifest_only:
-        return finish(out, tokenizer_info(Tokenizer(tokenizer)), desc, tasks)
+        return finish(out, tokenizer_info(Tokenizer(tokenizer)), desc, tasks, holdout)
     out.mkdir(parents=True, exist_ok=True)
     sp, tok_json = prepare_tokenizer(Path(tokenizer) if tokenizer else None, out)
     tok_info = tokenizer_info(sp)
@@ -286,7 +297,7 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
         from datatrove.executor import LocalPipelineExecutor
 
         LocalPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=str(out / LOGS_DIR)).run()
-        return finish(out, tok_info, desc, tasks)
+        return finish(out, tok_info, desc, tasks, holdout)
     from datatrove.executor import SlurmPipelineExecutor
 
     # sbatch exports the environment: make the venv's tools and this repo importable on the nodes.
@@ -295,7 +306,7 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
                   mem_per_cpu_gb=slurm.get("mem_per_cpu", 2), sbatch_args=slurm.get("sbatch_args") or {})
     tok_exec = SlurmPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=str(out / LOGS_DIR),
                                      cpus_per_task=slurm.get("cpus", 1), job_name=f"tok_{out.name}", **common)
-    SlurmPipelineExecutor([WriteManifest(str(out), tok_info, desc, tasks)], tasks=1, depends=tok_exec,
+    SlurmPipelineExecutor([WriteManifest(str(out), tok_info, desc, tasks, holdout)], tasks=1, depends=tok_exec,
                           logging_dir=str(out / "logs_manifest"), job_name=f"manifest_{out.name}", **common).run()
     return None
 
@@ -351,6 +362,8 @@ def run_and_report(a: argparse.Namespace, p: argparse.ArgumentParser, **kwargs) 
                   f"{manifest[PAIRS]['rejected'] or 'none'}")
         if "excluded_rows" in manifest:
             print(f"rows excluded by {manifest['input']['exclude']}: {manifest['excluded_rows']}")
+        if "holdout" in manifest:
+            print(describe(Path(a.out), manifest["holdout"]))
     else:
         print(f"submitted; {Path(a.out) / 'manifest.json'} appears when the jobs finish")
 
@@ -371,6 +384,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--revision", default=None, help="hub datasets: a commit to read (recorded in the manifest)")
     p.add_argument("--exclude", action="append", default=[], metavar="COLUMN=VALUE",
                    help="drop rows whose COLUMN holds VALUE (repeatable)")
+    p.add_argument("--holdout", type=parse_holdout, help="hold out a fraction (0.001) or a number (2000) of the "
+                   "documents into OUT/heldout, chosen by a hash of each document (data.holdout)")
     add_run_options(p)
     a = p.parse_args(argv)
     if a.pairs and a.chat_key:
@@ -380,8 +395,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run_and_report(a, p, input_spec=a.input, tokenizer=a.tokenizer, text_key=a.text_key, split=a.split,
                        subset=a.subset, revision=a.revision, chat_key=a.chat_key, chat_template=a.chat_template,
-                       exclude=parse_exclude(a.exclude, p), pairs=a.pairs, seq_len=a.seq_len)
-    except (EmptyTokenization, FileNotFoundError) as e:
+                       exclude=parse_exclude(a.exclude, p), pairs=a.pairs, seq_len=a.seq_len, holdout=a.holdout)
+    except (EmptyTokenization, FileNotFoundError, HoldoutError) as e:
         p.exit(2, f"error: {e}\n")
 
 

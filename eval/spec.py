@@ -28,7 +28,7 @@ class EvalSpec:
     # Validation loss / bits per byte on held-out tokenized dirs: scored by the trainer
     # (train.callbacks.eval), which has the data pipeline; run_evals leaves them alone.
     val_sources: list[str] = field(default_factory=list)
-    val_samples: int = 64
+    val_samples: int = 64  # sequences scored per held-out set (rounded up to whole batches)
     core_bundle: str | None = None  # a DCLM CORE bundle folder
     core_max_per_task: int | None = None  # None: every item
     core_tasks: list[str] | None = None  # CORE labels to score (the rest count as missing); None: all
