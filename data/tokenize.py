@@ -41,6 +41,7 @@ from pathlib import Path
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.filters.base_filter import BaseFilter
 
+from data import decontaminate as decont
 from data.hf_tokenizer import PROBE_TEXTS, build_fast_tokenizer, document_post_processor
 from data.shards import LOGS_DIR, write_manifest
 from data.tokenizer import Tokenizer
@@ -223,6 +224,8 @@ def finish(out: Path, tokenizer: dict, description: dict, tasks: int) -> dict:
         from data.chat_tokenize import chat_summary
 
         extra["chat"] = chat_summary(out, description.get("chat_template"), description["chat_key"])
+    if decontamination := decont.summary(out):
+        extra["decontamination"] = decontamination
     return write_manifest(out, tokenizer, description, extra)
 
 
@@ -231,10 +234,12 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
         limit: int = -1, streaming: bool = False, slurm: dict | None = None, manifest_only: bool = False,
         description: dict | None = None, chat_key: str | None = None,
         chat_template: str | None = None, hub: bool = False, revision: str | None = None,
-        exclude: dict[str, list[str]] | None = None) -> dict | None:
+        exclude: dict[str, list[str]] | None = None, decontaminate: list[str] | None = None,
+        evalplus_data: str | None = None, core_bundle: str | None = None) -> dict | None:
     """Tokenize input_spec into out; returns the manifest (None when submitted to SLURM).
     ``hub``: input_spec is a ``datasets.load_dataset`` name (a Hub id, or a local dataset dir);
-    ``description``: what the manifest records as the input (default: what was read)."""
+    ``description``: what the manifest records as the input (default: what was read);
+    ``decontaminate``: benchmarks whose n-grams drop documents (data.decontaminate)."""
     out = Path(out).resolve()
     source = {"kind": "hub", "dataset": input_spec, "split": split, "subset": subset, "revision": revision} \
         if hub or revision else describe_input(input_spec, split, subset)
@@ -257,6 +262,10 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
         pipeline = [make_reader(source, text_key, limit, streaming), tokenizer_step(tok_json, out, sp)]
     if exclude:
         pipeline.insert(1, ExcludeRows(exclude))
+    if decontaminate:  # after the reader (and --exclude): datatrove's n-gram filter, drops counted per benchmark
+        pipeline.insert(-1, decont.prepare(out, decontaminate, evalplus_data, core_bundle, chat=bool(chat_key)))
+    else:
+        decont.check_rerun(out)
     if slurm is None:
         from datatrove.executor import LocalPipelineExecutor
 
@@ -282,6 +291,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--streaming", action="store_true", help="hub datasets: stream instead of download")
     p.add_argument("--limit", type=int, default=-1, help="documents per task (debugging)")
     p.add_argument("--manifest-only", action="store_true", help="rewrite manifest.json from finished shards")
+    p.add_argument("--evalplus-data", help="decontamination: folder with HumanEvalPlus.jsonl(.gz) and "
+                   "MbppPlus.jsonl(.gz), or FILE,FILE")
+    p.add_argument("--core-bundle", help="decontamination: a CORE bundle folder (its eval_data/)")
     s = p.add_argument_group("SLURM")
     s.add_argument("--slurm", action="store_true")
     s.add_argument("--partition")
@@ -315,7 +327,8 @@ def parse_exclude(items: list[str], p: argparse.ArgumentParser) -> dict[str, lis
 def run_and_report(a: argparse.Namespace, p: argparse.ArgumentParser, **kwargs) -> None:
     """``run`` with the run options of ``a``, then one line on what was written."""
     manifest = run(out=a.out, tasks=a.tasks, workers=a.workers, limit=a.limit, streaming=a.streaming,
-                   slurm=slurm_options(a, p), manifest_only=a.manifest_only, **kwargs)
+                   slurm=slurm_options(a, p), manifest_only=a.manifest_only,
+                   **{"evalplus_data": a.evalplus_data, "core_bundle": a.core_bundle, **kwargs})
     if manifest:
         print(f"{a.out}: {manifest['num_documents']} documents, {manifest['num_tokens']} tokens "
               f"in {len(manifest['shards'])} shards")
@@ -323,6 +336,9 @@ def run_and_report(a: argparse.Namespace, p: argparse.ArgumentParser, **kwargs) 
             print(f"conversations refused (not trained on): {manifest['chat']['rejected'] or 'none'}")
         if "excluded_rows" in manifest:
             print(f"rows excluded by {manifest['input']['exclude']}: {manifest['excluded_rows']}")
+        if "decontamination" in manifest:
+            print(f"dropped as benchmark overlap ({manifest['decontamination']['n_grams']}-grams): "
+                  f"{manifest['decontamination']['dropped']}")
     else:
         print(f"submitted; {Path(a.out) / 'manifest.json'} appears when the jobs finish")
 
@@ -341,13 +357,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--revision", default=None, help="hub datasets: a commit to read (recorded in the manifest)")
     p.add_argument("--exclude", action="append", default=[], metavar="COLUMN=VALUE",
                    help="drop rows whose COLUMN holds VALUE (repeatable)")
+    p.add_argument("--decontaminate", metavar="humaneval,mbpp[,core]",
+                   help="drop documents sharing an n-gram with these benchmarks (data.decontaminate)")
     add_run_options(p)
     a = p.parse_args(argv)
     try:
         run_and_report(a, p, input_spec=a.input, tokenizer=a.tokenizer, text_key=a.text_key, split=a.split,
                        subset=a.subset, revision=a.revision, chat_key=a.chat_key, chat_template=a.chat_template,
-                       exclude=parse_exclude(a.exclude, p))
-    except (EmptyTokenization, FileNotFoundError) as e:
+                       exclude=parse_exclude(a.exclude, p),
+                       decontaminate=decont.parse_benchmarks(a.decontaminate) if a.decontaminate else None)
+    except (EmptyTokenization, FileNotFoundError, decont.DecontaminationError) as e:
         p.exit(2, f"error: {e}\n")
 
 
