@@ -194,23 +194,26 @@ class BenchmarkIndexer(NGramsDecontIndexer):
         return {b: len(h) for b, h in hashes.items()}
 
 
-def build_index(folder: str | Path, benchmarks: list[str], evalplus_data: str | None = None,
-                core_bundle: str | None = None) -> dict:
-    """Write datatrove's index of ``benchmarks`` into ``folder``; returns what it was made from."""
-    files = evalplus_files(benchmarks, evalplus_data)
-    if "core" in benchmarks and not core_bundle:
-        raise DecontaminationError("--decontaminate core needs --core-bundle (a CORE bundle folder)")
+def benchmark_files(benchmarks: list[str], evalplus_data: str | None = None,
+                    core_bundle: str | None = None) -> dict[str, str]:
+    """benchmark -> the file (EvalPlus) or folder (CORE) its text is read from, checked to exist."""
+    files = {b: str(Path(p).resolve()) for b, p in evalplus_files(benchmarks, evalplus_data).items()}
+    if "core" in benchmarks:
+        if not core_bundle:
+            raise DecontaminationError("--decontaminate core needs --core-bundle (a CORE bundle folder)")
+        files["core"] = str(Path(core_bundle).resolve())
+    return files
 
+
+def build_index(folder: str | Path, files: dict[str, str]) -> dict[str, int]:
+    """Write datatrove's index of the benchmarks in ``files`` (benchmark_files) into ``folder``;
+    returns the n-grams indexed per benchmark."""
     def texts():
         for b, path in files.items():
-            yield from ((b, q, t) for q, t in evalplus_texts(b, path))
-        if "core" in benchmarks:
-            yield from (("core", q, t) for q, t in core_texts(core_bundle))
+            pairs = core_texts(path) if b == "core" else evalplus_texts(b, Path(path))
+            yield from ((b, query, label) for query, label in pairs)
 
-    sizes = BenchmarkIndexer(str(folder), config=CONFIG, language=WORDS).run(texts())
-    sources = {**{b: str(Path(p).resolve()) for b, p in files.items()},
-               **({"core": str(Path(core_bundle).resolve())} if "core" in benchmarks else {})}
-    return {"benchmarks": benchmarks, "files": sources, "index_ngrams": sizes}
+    return BenchmarkIndexer(str(folder), config=CONFIG, language=WORDS).run(texts())
 
 
 def conversation_text(text: str) -> str:
@@ -251,15 +254,19 @@ def prepare(out: Path, benchmarks: list[str], evalplus_data: str | None, core_bu
     """Index the benchmarks for a tokenization into ``out`` and return its filter step. A rerun must ask
     for the same decontamination as the run whose finished tasks it keeps."""
     folder = decont_dir(out)
-    made = build_index(folder / INDEX_DIR, benchmarks, evalplus_data, core_bundle)
+    files = benchmark_files(benchmarks, evalplus_data, core_bundle)
     config = {"n_grams": NGRAM, "normalization": asdict(CONFIG.norm_config), "min_distinct_test_words": MIN_DISTINCT,
-              "words": "whitespace", **made}
+              "words": "whitespace", "benchmarks": benchmarks, "files": files}
     path = folder / CONFIG_FILE
+    if not path.is_file() and any((Path(out) / LOGS_DIR / "completions").glob("*")):
+        raise DecontaminationError(f"{out} holds tasks tokenized without decontamination (its {LOGS_DIR}/completions); "
+                                   f"tokenize into a new --out")
     if path.is_file():
         before = json.loads(path.read_text())
         if {k: before.get(k) for k in ("benchmarks", "files")} != {k: config[k] for k in ("benchmarks", "files")}:
             raise DecontaminationError(f"{path}: {out} was tokenized with decontamination {before['benchmarks']} "
                                        f"from {before['files']}; rerun with the same, or into a new --out")
+    config["index_ngrams"] = build_index(folder / INDEX_DIR, files)
     path.write_text(json.dumps(config, indent=1) + "\n")
     return BenchmarkFilter(folder / INDEX_DIR, chat=chat, dropped_folder=folder / DROPPED_DIR)
 
@@ -324,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         benchmarks = parse_benchmarks(a.benchmarks)
         with tempfile.TemporaryDirectory() as tmp:
-            build_index(tmp, benchmarks, a.evalplus_data, a.core_bundle)
+            build_index(tmp, benchmark_files(benchmarks, a.evalplus_data, a.core_bundle))
             for d in a.dirs:
                 found = overlap(d, tmp)
                 print(f"{d}: {found['documents']} documents; n-gram {NGRAM}")

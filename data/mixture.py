@@ -91,6 +91,7 @@ class SourceSpec:
     text_key: str = "text"
     chat_key: str | None = None
     exclude: dict[str, list[str]] = field(default_factory=dict)
+    decontaminate: list[str] = field(default_factory=list)  # benchmarks whose n-grams drop documents at tokenization
 
     def __post_init__(self):
         where = f"source {self.name!r} ({self.path})"
@@ -108,6 +109,13 @@ class SourceSpec:
             raise MixtureError(f"{where}: give at most one of hub_id and input")
         if (self.subset or self.revision) and not self.hub_id:
             raise MixtureError(f"{where}: subset and revision need a hub_id")
+        if self.decontaminate:
+            from data.decontaminate import DecontaminationError, parse_benchmarks
+
+            try:
+                parse_benchmarks(self.decontaminate)
+            except DecontaminationError as e:
+                raise MixtureError(f"{where}: {e}") from None
 
     @property
     def origin(self) -> tuple:

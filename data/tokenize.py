@@ -328,7 +328,8 @@ def run_and_report(a: argparse.Namespace, p: argparse.ArgumentParser, **kwargs) 
     """``run`` with the run options of ``a``, then one line on what was written."""
     manifest = run(out=a.out, tasks=a.tasks, workers=a.workers, limit=a.limit, streaming=a.streaming,
                    slurm=slurm_options(a, p), manifest_only=a.manifest_only,
-                   **{"evalplus_data": a.evalplus_data, "core_bundle": a.core_bundle, **kwargs})
+                   **{**kwargs, **{k: v for k, v in (("evalplus_data", a.evalplus_data),
+                                                     ("core_bundle", a.core_bundle)) if v}})
     if manifest:
         print(f"{a.out}: {manifest['num_documents']} documents, {manifest['num_tokens']} tokens "
               f"in {len(manifest['shards'])} shards")

@@ -64,7 +64,8 @@ def tokenize_kwargs(recipe: R.Recipe, src: SourceSpec) -> dict:
     (or its bundled ``input``); the manifest records hub id, subset, split and revision either way."""
     common = dict(tokenizer=recipe.data.tokenizer, text_key=src.text_key, split=src.split, subset=src.subset,
                   chat_key=src.chat_key, chat_template=recipe.data.chat_template if src.chat_key else None,
-                  exclude=src.exclude or None)
+                  exclude=src.exclude or None, decontaminate=src.decontaminate or None,
+                  evalplus_data=recipe.eval.evalplus_data, core_bundle=recipe.eval.core_bundle)
     if src.input:
         return dict(input_spec=src.input, **common)
     _needs_hub_id(recipe, src, "tokenize")
