@@ -2,7 +2,8 @@
 small EvalPlus dataset of tests/eval (tests/eval/evalplus_cases.py, in EvalPlus's release format).
 
 Planted: a HumanEval+ prompt with its canonical solution, the solution alone, a copy with its local
-variables renamed (caught by its prompt's n-grams), an MBPP+ canonical solution, MBPP+ test inputs.
+variables renamed (caught by its prompt's n-grams), a function too short for its prompt or solution
+alone to hold a 12-gram, an MBPP+ canonical solution, MBPP+ test inputs.
 Kept: clean prose and code (common idioms, a config list of repeated numbers, a CSV table), and
 the renamed solution without its prompt, which no 12-gram can catch (asserted, with why).
 The standalone report over the same corpus tokenized without decontamination counts the same
@@ -38,6 +39,8 @@ PLANTED = {  # id -> (text, the benchmark it must be counted under)
                                "humaneval"),
     "he-solution": (FIND_ZERO["canonical_solution"], "humaneval"),
     "he-renamed": (FIND_ZERO["prompt"] + renamed(FIND_ZERO["canonical_solution"]), "humaneval"),
+    # 10 words of prompt, 3 of solution: only the n-grams across the two hold it
+    "he-short-function": (HUMANEVAL[0]["prompt"] + HUMANEVAL[0]["canonical_solution"], "humaneval"),
     "mbpp-solution": (DIV_SUM["canonical_solution"], "mbpp"),
     "mbpp-test-inputs": ("cases = " + json.dumps(SIMILAR["base_input"]) + "\nfor a, b in cases:\n    print(a, b)\n",
                          "mbpp"),
@@ -92,7 +95,7 @@ def test_every_planted_document_is_dropped_and_counted_per_benchmark(decontamina
     manifest = json.loads((decontaminated / "manifest.json").read_text())
     entry = manifest["decontamination"]
     expected = {b: sorted(k for k, (_, bench) in PLANTED.items() if bench == b) for b in ("humaneval", "mbpp")}
-    assert entry["dropped"] == {b: len(ids) for b, ids in expected.items()} == {"humaneval": 3, "mbpp": 2}
+    assert entry["dropped"] == {b: len(ids) for b, ids in expected.items()} == {"humaneval": 4, "mbpp": 2}
     assert {b: sorted(ids) for b, ids in entry["examples"].items()} == expected
     assert entry["n_grams"] == D.NGRAM == 12 and entry["normalization"]["norm_numbers"] is False
     assert entry["benchmarks"] == ["humaneval", "mbpp"]
@@ -135,10 +138,11 @@ def test_the_report_counts_the_same_documents_and_changes_nothing(corpus, evalpl
 
 
 def test_conversations_are_matched_on_their_messages(evalplus_data, tmp_path):
-    """A chat source: the MBPP+ solution as an assistant answer is dropped (the JSON's escapes do not hide it)."""
+    """A chat source: the MBPP+ solution as an assistant answer (to a question in other words) is dropped:
+    matched in the JSON text, its escaped newlines would cut it into lines shorter than an n-gram."""
     rows = [{"id": "clean", "messages": [{"role": "user", "content": "Say hi."},
                                          {"role": "assistant", "content": "Hi!"}]},
-            {"id": "planted", "messages": [{"role": "user", "content": DIV_SUM["prompt"]},
+            {"id": "planted", "messages": [{"role": "user", "content": "Do two numbers have equal divisor sums?"},
                                            {"role": "assistant", "content": DIV_SUM["canonical_solution"]}]}]
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
