@@ -52,7 +52,10 @@ CLEAN = {
                    "            result += values[i]\n    return result\n\n\ndef mean(xs):\n    return sum(xs) / len(xs)\n",
     "config-repeats": "dropouts = [" + ", ".join(["0.001"] * 16) + "]\nzeros = [" + ", ".join(["0"] * 30) + "]\n",
     "csv-table": "step,loss,lr\n" + "".join(f"{s},{2.5 - s / 100:.3f},0.001\n" for s in range(1, 40)),
-    "he-renamed-solution-only": renamed(FIND_ZERO["canonical_solution"]),  # see test_renaming_every_local...
+    # A textbook function sharing 10 words in a row with Mbpp/295's solution: kept by 12-grams, not by 8-grams.
+    "code-prime-check": "def is_prime(number):\n    for i in range(2, number):\n        if (number % i)==0:\n"
+                        "            return False\n    return True\n",
+    "he-renamed-solution-only": renamed(FIND_ZERO["canonical_solution"]),  # see test_no_n_gram_size_...
 }
 
 
@@ -106,18 +109,22 @@ def test_every_planted_document_is_dropped_and_counted_per_benchmark(decontamina
     assert kept == [sp.decode(sp.encode(text)) for text in CLEAN.values()]
 
 
-def test_renaming_every_local_variable_leaves_no_12_gram_of_the_solution():
-    """Why the renamed solution without its prompt is kept: after normalization, no run of NGRAM words of it
-    is in the canonical solution (a renamed identifier every few words), so no n-gram index can hold it
-    without n below that run, where common code ('for i in range len') would match."""
-    def words(text):
-        return D.WORDS.word_tokenize(D.simplify_text(text, D.CONFIG.norm_config))
+def longest_shared_run(text: str, reference: str) -> int:
+    """The most consecutive words (after the filter's normalization) of ``text`` found together in ``reference``."""
+    def words(t):
+        return D.WORDS.word_tokenize(D.simplify_text(t, D.CONFIG.norm_config))
 
-    original, copy = words(FIND_ZERO["canonical_solution"]), words(CLEAN["he-renamed-solution-only"])
-    runs = {tuple(original[i:i + n]) for n in range(1, len(original) + 1) for i in range(len(original) - n + 1)}
-    longest = max(n for n in range(1, len(copy) + 1) for i in range(len(copy) - n + 1) if tuple(copy[i:i + n]) in runs)
-    assert longest < D.NGRAM
-    assert longest == 5  # e.g. "while poly xs lo poly"; the README states it
+    a, b = words(text), " " + " ".join(words(reference)) + " "
+    return max(n for n in range(len(a) + 1) for i in range(len(a) - n + 1) if f" {' '.join(a[i:i + n])} " in b)
+
+
+def test_no_n_gram_size_catches_a_renamed_solution_and_keeps_common_code():
+    """Why the solution with every local variable renamed, without its prompt, is kept: its longest run of
+    words found in the canonical solution is 5 (a renamed identifier every few words), so only n <= 5
+    would catch it; a textbook prime check shares 10 words in a row with Mbpp/295's solution, so n <= 10
+    drops clean code. The README states both numbers."""
+    assert longest_shared_run(CLEAN["he-renamed-solution-only"], FIND_ZERO["canonical_solution"]) == 5
+    assert longest_shared_run(CLEAN["code-prime-check"], MBPP[3]["canonical_solution"]) == 10 < D.NGRAM
 
 
 def test_the_report_counts_the_same_documents_and_changes_nothing(corpus, evalplus_data, decontaminated,
@@ -190,3 +197,21 @@ def test_core_items_are_indexed(tmp_path):
     manifest = tokenize.run(str(corpus), tmp_path / "out", TINY_TOKENIZER, decontaminate=["core"],
                             core_bundle=str(tmp_path / "bundle"))
     assert manifest["decontamination"]["examples"] == {"core": ["quiz-copy"]}
+
+
+def test_a_recipe_source_with_decontaminate_is_tokenized_with_it(corpus, evalplus_data, tmp_path, capsys):
+    """``decontaminate = [...]`` in a recipe's source reaches data.tokenize through ``train.data tokenize``;
+    the EvalPlus files come from --evalplus-data (else the recipe's [eval] evalplus_data)."""
+    from tests.train.test_data_commands import recipe_with
+    from train.data import main
+
+    block = (f'[[data.sources]]\nname = "code"\ninput = "{corpus}"\npath = "{tmp_path / "code"}"\nweight = 1.0\n'
+             'decontaminate = ["humaneval", "mbpp"]\n')
+    recipe = str(recipe_with(tmp_path, block))
+    assert main(["tokenize", "--recipe", recipe, "--source", "code"]) == 2
+    assert "--decontaminate humaneval,mbpp needs --evalplus-data" in capsys.readouterr().err
+    assert main(["tokenize", "--recipe", recipe, "--source", "code", "--evalplus-data", str(evalplus_data)]) == 0
+    assert "dropped as benchmark overlap (12-grams): {'humaneval': 4, 'mbpp': 2}" in capsys.readouterr().out
+    bad = recipe_with(tmp_path, block.replace('"mbpp"', '"gsm8k"'))
+    assert main(["tokenize", "--recipe", str(bad), "--source", "code"]) == 2
+    assert "decontaminate: ['humaneval', 'gsm8k']: expected distinct names" in capsys.readouterr().err
