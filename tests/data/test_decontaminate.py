@@ -4,8 +4,9 @@ small EvalPlus dataset of tests/eval (tests/eval/evalplus_cases.py, in EvalPlus'
 Planted: a HumanEval+ prompt with its canonical solution, the solution alone, a copy with its local
 variables renamed (caught by its prompt's n-grams), a function too short for its prompt or solution
 alone to hold a 12-gram, an MBPP+ canonical solution, MBPP+ test inputs.
-Kept: clean prose and code (common idioms, a config list of repeated numbers, a CSV table), and
-the renamed solution without its prompt, which no 12-gram can catch (asserted, with why).
+Kept: clean prose and code (common idioms, a prime check sharing 10 words with an MBPP+ solution, a
+config list of repeated numbers, a CSV table), and the renamed solution without its prompt, which no
+12-gram can catch (asserted, with why).
 The standalone report over the same corpus tokenized without decontamination counts the same
 documents and changes no byte or mtime of the source.
 """
