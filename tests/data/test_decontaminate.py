@@ -213,6 +213,10 @@ def test_a_recipe_source_with_decontaminate_is_tokenized_with_it(corpus, evalplu
     assert "--decontaminate humaneval,mbpp needs --evalplus-data" in capsys.readouterr().err
     assert main(["tokenize", "--recipe", recipe, "--source", "code", "--evalplus-data", str(evalplus_data)]) == 0
     assert "dropped as benchmark overlap (12-grams): {'humaneval': 4, 'mbpp': 2}" in capsys.readouterr().out
+    block = block.replace(str(tmp_path / "code"), str(tmp_path / "code-from-eval"))
+    assert main(["tokenize", "--recipe", str(recipe_with(tmp_path, block)), "--source", "code",
+                 "--set", f'eval.evalplus_data="{evalplus_data}"']) == 0  # the recipe's own [eval] files
+    assert "dropped as benchmark overlap (12-grams): {'humaneval': 4, 'mbpp': 2}" in capsys.readouterr().out
     bad = recipe_with(tmp_path, block.replace('"mbpp"', '"gsm8k"'))
     assert main(["tokenize", "--recipe", str(bad), "--source", "code"]) == 2
     assert "decontaminate: ['humaneval', 'gsm8k']: expected distinct names" in capsys.readouterr().err
