@@ -97,6 +97,7 @@ class SourceSpec:
     # Documents held out of training into <path>/heldout (data.holdout), validated on in the loop: a fraction,
     # a document count, 0 for none; None: the recipe's [data] holdout.
     holdout: int | float | None = None
+    decontaminate: list[str] = field(default_factory=list)  # benchmarks whose n-grams drop documents at tokenization
 
     def __post_init__(self):
         where = f"source {self.name!r} ({self.path})"
@@ -121,6 +122,13 @@ class SourceSpec:
         if self.pairs and self.holdout:  # the split hashes single documents: it would part chosen from rejected
             raise MixtureError(f"{where}: holdout: not for pairs; hold pairs out in a file of their own "
                                "(as assets/preference/heldout)")
+        if self.decontaminate:
+            from data.decontaminate import DecontaminationError, parse_benchmarks
+
+            try:
+                parse_benchmarks(self.decontaminate)
+            except DecontaminationError as e:
+                raise MixtureError(f"{where}: {e}") from None
 
     @property
     def origin(self) -> tuple:

@@ -45,6 +45,7 @@ from pathlib import Path
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.filters.base_filter import BaseFilter
 
+from data import decontaminate as decont
 from data.hf_tokenizer import PROBE_TEXTS, build_fast_tokenizer, document_post_processor
 from data.holdout import HoldoutError, describe, parse_holdout, split
 from data.pairs import MANIFEST_KEY as PAIRS
@@ -243,6 +244,8 @@ def finish(out: Path, tokenizer: dict, description: dict, tasks: int, holdout: f
         from data.pairs_tokenize import pair_summary
 
         extra[PAIRS] = pair_summary(out, description.get("chat_template"), description.get("seq_len"))
+    if decontamination := decont.summary(out):
+        extra["decontamination"] = decontamination
     manifest = write_manifest(out, tokenizer, description, extra)
     if holdout:
         split(out, holdout)
@@ -256,12 +259,14 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
         description: dict | None = None, chat_key: str | None = None,
         chat_template: str | None = None, hub: bool = False, revision: str | None = None,
         exclude: dict[str, list[str]] | None = None, pairs: bool = False, seq_len: int | None = None,
-        holdout: float | int | None = None) -> dict | None:
+        holdout: float | int | None = None, decontaminate: list[str] | None = None,
+        evalplus_data: str | None = None, core_bundle: str | None = None) -> dict | None:
     """Tokenize input_spec into out; returns the manifest (None when submitted to SLURM).
     ``holdout``: a fraction or a document count held out into ``out/heldout`` (data.holdout).
     ``hub``: input_spec is a ``datasets.load_dataset`` name (a Hub id, or a local dataset dir);
     ``description``: what the manifest records as the input (default: what was read);
-    ``pairs``: preference pairs (data.pairs), refusing a pair with a side over ``seq_len`` tokens."""
+    ``pairs``: preference pairs (data.pairs), refusing a pair with a side over ``seq_len`` tokens;
+    ``decontaminate``: benchmarks whose n-grams drop documents (data.decontaminate)."""
     if pairs and chat_key:
         raise ValueError("give --pairs or --chat-key, not both (pairs are read from prompt/chosen/rejected)")
     out = Path(out).resolve()
@@ -293,6 +298,10 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
         pipeline = [make_reader(source, text_key, limit, streaming), tokenizer_step(tok_json, out, sp)]
     if exclude:
         pipeline.insert(1, ExcludeRows(exclude))
+    if decontaminate:  # after the reader (and --exclude): datatrove's n-gram filter, drops counted per benchmark
+        pipeline.insert(-1, decont.prepare(out, decontaminate, evalplus_data, core_bundle, chat=bool(chat_key)))
+    else:
+        decont.check_rerun(out)
     if slurm is None:
         from datatrove.executor import LocalPipelineExecutor
 
@@ -318,6 +327,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--streaming", action="store_true", help="hub datasets: stream instead of download")
     p.add_argument("--limit", type=int, default=-1, help="documents per task (debugging)")
     p.add_argument("--manifest-only", action="store_true", help="rewrite manifest.json from finished shards")
+    p.add_argument("--evalplus-data", help="decontamination: folder with HumanEvalPlus.jsonl(.gz) and "
+                   "MbppPlus.jsonl(.gz), or FILE,FILE")
+    p.add_argument("--core-bundle", help="decontamination: a CORE bundle folder (its eval_data/)")
     s = p.add_argument_group("SLURM")
     s.add_argument("--slurm", action="store_true")
     s.add_argument("--partition")
@@ -351,7 +363,9 @@ def parse_exclude(items: list[str], p: argparse.ArgumentParser) -> dict[str, lis
 def run_and_report(a: argparse.Namespace, p: argparse.ArgumentParser, **kwargs) -> None:
     """``run`` with the run options of ``a``, then one line on what was written."""
     manifest = run(out=a.out, tasks=a.tasks, workers=a.workers, limit=a.limit, streaming=a.streaming,
-                   slurm=slurm_options(a, p), manifest_only=a.manifest_only, **kwargs)
+                   slurm=slurm_options(a, p), manifest_only=a.manifest_only,
+                   **{**kwargs, **{k: v for k, v in (("evalplus_data", a.evalplus_data),
+                                                     ("core_bundle", a.core_bundle)) if v}})
     if manifest:
         print(f"{a.out}: {manifest['num_documents']} documents, {manifest['num_tokens']} tokens "
               f"in {len(manifest['shards'])} shards")
@@ -364,6 +378,9 @@ def run_and_report(a: argparse.Namespace, p: argparse.ArgumentParser, **kwargs) 
             print(f"rows excluded by {manifest['input']['exclude']}: {manifest['excluded_rows']}")
         if "holdout" in manifest:
             print(describe(Path(a.out), manifest["holdout"]))
+        if "decontamination" in manifest:
+            print(f"dropped as benchmark overlap ({manifest['decontamination']['n_grams']}-grams): "
+                  f"{manifest['decontamination']['dropped']}")
     else:
         print(f"submitted; {Path(a.out) / 'manifest.json'} appears when the jobs finish")
 
@@ -386,6 +403,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="drop rows whose COLUMN holds VALUE (repeatable)")
     p.add_argument("--holdout", type=parse_holdout, help="hold out a fraction (0.001) or a number (2000) of the "
                    "documents into OUT/heldout, chosen by a hash of each document (data.holdout)")
+    p.add_argument("--decontaminate", metavar="humaneval,mbpp[,core]",
+                   help="drop documents sharing an n-gram with these benchmarks (data.decontaminate)")
     add_run_options(p)
     a = p.parse_args(argv)
     if a.pairs and a.chat_key:
@@ -395,8 +414,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run_and_report(a, p, input_spec=a.input, tokenizer=a.tokenizer, text_key=a.text_key, split=a.split,
                        subset=a.subset, revision=a.revision, chat_key=a.chat_key, chat_template=a.chat_template,
-                       exclude=parse_exclude(a.exclude, p), pairs=a.pairs, seq_len=a.seq_len, holdout=a.holdout)
-    except (EmptyTokenization, FileNotFoundError, HoldoutError) as e:
+                       exclude=parse_exclude(a.exclude, p), pairs=a.pairs, seq_len=a.seq_len, holdout=a.holdout,
+                       decontaminate=decont.parse_benchmarks(a.decontaminate) if a.decontaminate else None)
+    except (EmptyTokenization, FileNotFoundError, HoldoutError, decont.DecontaminationError) as e:
         p.exit(2, f"error: {e}\n")
 
 

@@ -104,6 +104,9 @@ COMMANDS: dict[str, Here | str] = {
         Here("python -m data.holdout assets/sample_data/code --holdout 0.1", says="held out (holdout 0.1)"),
     "python -m data.verify DIR...": Here("python -m data.verify assets/sample_data/prose assets/sample_data/code",
                                          says="ok "),
+    "python -m data.decontaminate report DIR... --benchmarks humaneval,mbpp[,core] --evalplus-data DIR "
+    "[--core-bundle DIR]": Here("python -m data.decontaminate report assets/sample_data/prose --benchmarks core "
+                                "--core-bundle {bundle}", says="core: 0 overlapping"),
     "python -m models.laneformer.convert to-hf runs/NAME OUT": Here("python -m models.laneformer.convert to-hf "
                                                                     "{run} {tmp}/hf"),
     "python -m models.laneformer.convert from-hf HF_DIR OUT": Here("python -m models.laneformer.convert from-hf "

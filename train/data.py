@@ -67,7 +67,9 @@ def tokenize_kwargs(recipe: R.Recipe, src: SourceSpec) -> dict:
     common = dict(tokenizer=recipe.data.tokenizer, text_key=src.text_key, split=src.split, subset=src.subset,
                   chat_key=src.chat_key, chat_template=recipe.data.chat_template if src.chat_key or src.pairs else None,
                   exclude=src.exclude or None, pairs=src.pairs, holdout=src.holdout or None,
-                  seq_len=recipe.training.seq_len if src.pairs else None)  # a pair over seq_len is refused
+                  seq_len=recipe.training.seq_len if src.pairs else None,  # a pair over seq_len is refused
+                  decontaminate=src.decontaminate or None,
+                  evalplus_data=recipe.eval.evalplus_data, core_bundle=recipe.eval.core_bundle)
     if src.input:
         return dict(input_spec=src.input, **common)
     _needs_hub_id(recipe, src, "tokenize")

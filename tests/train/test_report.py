@@ -294,3 +294,21 @@ def test_the_memory_plan_is_drawn_as_a_stacked_bar_and_against_the_run(tmp_path)
     plan = record_plan(run, "h100", 1)
     drawn = data_of(write_report([run]))["memory"]["plan"]
     assert drawn == {"peak_gib": memory.peak / 1024**3, "gpu": plan["gpu"], "gpus": 1}
+
+
+def test_the_header_shows_what_decontamination_dropped_per_source(tmp_path):
+    """The header's row reads each source's manifest (data.decontaminate's entry); tiny.toml's sources have none."""
+    from data.shards import FORMAT
+    from train.report.runs import header, read_run
+
+    run = read_run(fake_run(tmp_path, step_rows(range(1, 3))))
+    assert dict(header(run))["decontamination"] == "none of the 2 sources"
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "manifest.json").write_text(json.dumps({"format": FORMAT, "decontamination": {
+        "n_grams": 12, "dropped": {"humaneval": 3, "mbpp": 1200}}}))
+    run.recipe["data"]["sources"][0]["path"] = str(code)
+    run.recipe["data"]["sources"][1]["path"] = str(tmp_path / "elsewhere")
+    assert dict(header(run))["decontamination"] == (f"{run.recipe['data']['sources'][0]['name']}: humaneval 3, "
+                                                   f"mbpp 1,200 documents dropped (12-grams); "
+                                                   f"{run.recipe['data']['sources'][1]['name']}: no manifest here")
