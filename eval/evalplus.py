@@ -86,9 +86,13 @@ from evalplus.provider.utility import _MAGIC_SPLITTER_, EOS, extra_eos_for_direc
 from evalplus.provider.utility import make_raw_chat_prompt  # noqa: E402
 from evalplus.sanitize import sanitize  # noqa: E402
 
+from data.decontaminate import EVALPLUS_RELEASES  # noqa: E402
+
 # dataset -> (release name, its data module, the override variable that module reads, release version)
-RELEASES = {"humaneval": ("HumanEvalPlus", _humaneval, "HUMANEVAL_OVERRIDE_PATH", _humaneval.HUMANEVAL_PLUS_VERSION),
-            "mbpp": ("MbppPlus", _mbpp, "MBPP_OVERRIDE_PATH", _mbpp.MBPP_PLUS_VERSION)}
+# (the release names are the data layer's too: data.decontaminate reads the same files)
+RELEASES = {"humaneval": (EVALPLUS_RELEASES["humaneval"], _humaneval, "HUMANEVAL_OVERRIDE_PATH",
+                          _humaneval.HUMANEVAL_PLUS_VERSION),
+            "mbpp": (EVALPLUS_RELEASES["mbpp"], _mbpp, "MBPP_OVERRIDE_PATH", _mbpp.MBPP_PLUS_VERSION)}
 REQUIRED = ("task_id", "prompt", "entry_point", "canonical_solution", "base_input", "plus_input", "atol")
 MAX_NEW_TOKENS = 768  # EvalPlus's DecoderBase default
 EVALPLUS_KS = (1, 10, 100)  # evalplus/evaluate.py prints pass@k for these k, where every task has k samples
