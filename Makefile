@@ -19,8 +19,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --no-deps $(EVALPLUS)
 	touch $(STAMP)
 
+# TRAIN_ARGS: more train.py flags (tests/test_readme_commands.py makes its short run with them).
 train: setup
-	$(VENV)/bin/torchrun --standalone --nproc-per-node 1 train.py
+	$(VENV)/bin/torchrun --standalone --nproc-per-node 1 train.py $(TRAIN_ARGS)
 
 # Two pytest-xdist workers, each running whole test files: one worker's single-process tests fill
 # the core the other's leave idle (16:21 on 2 cores with round 4's real-fault tests; 11:13 to 14:47

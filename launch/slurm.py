@@ -185,7 +185,7 @@ def slow_hosts(run: Path) -> list[str]:
     """The hosts train.health.straggler named (``<run>/alerts.jsonl``), with their last alert."""
     last = {a["host"]: a for a in read_alerts(run) if a.get("kind") == "straggler"}
     return ["slow hosts: " + "; ".join(f"{h} (rank {a['rank']} at step {a['step']}: compute check "
-                                        f"{a['compute_s'] / a['median_s'] - 1:.0%} over the median, {a['time']})"
+                                        f"{a['compute_s'] / a['median_s'] - 1:.0%} over the other ranks' median, {a['time']})"
                                         for h, a in last.items())] if last else []
 
 

@@ -1,16 +1,27 @@
-"""Every command in the README's tables, run as a new user would, at tiny scale where the real one
-needs a GPU, the Hub or the 2B's data.
+"""Every command in the README, run as a new user would, at tiny scale where the real one needs a GPU,
+the Hub or the 2B's data, and what each prints and writes checked.
 
-``COMMANDS`` holds, for each command the README's tables show (``readme_commands``), how it runs
-here: the same program and flags, with the placeholders filled (a tiny run made by the README's own
-train command, the bundled tokenizer and sample data, a toy CORE bundle), and the exit status the
-README documents; or, for a command this machine cannot run, why. The test fails when a command
-exits otherwise, prints a Python traceback, or when the README and this table disagree (a command
-added to the README without a line here, or a line here whose command left the README).
+``readme_commands`` finds them: each line of a code block (fenced, or indented by four spaces) that
+starts with a program, its trailing ``# comment`` dropped, and each backticked command in a table
+column headed ``command``. ``COMMANDS`` holds one entry per README command:
+
+- ``Here``: how it runs on this machine: the same program and flags with the placeholders filled (the
+  module's short run, made by ``make train``; the bundled tokenizer and sample data; a toy CORE bundle
+  and EvalPlus dataset), the exit status the README documents, a line it must print and a check of
+  what it writes;
+- ``Same``: the same program and flags as another README command, which runs here;
+- ``Skip``: why it cannot run here: it needs a GPU, the Hub or another network, or SLURM; it is this
+  suite's own setup; or it runs for minutes, and the test named runs it at toy size.
+
+The test fails when a command exits otherwise, prints a traceback, lacks its line or its files, and
+when the README and ``COMMANDS`` disagree: a README command without an entry (the message says what to
+add), an entry whose command left the README, a ``Same`` pointing at a command that does not run here,
+a ``Skip`` naming a test that does not exist.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -18,175 +29,447 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from rundir import REPO
-from tests.conftest import TORCHRUN, env
+from tests.conftest import TORCHRUN, env, losses
 
 README = REPO / "README.md"
-# The tables whose command column is checked, and which column holds the commands.
-TABLES = {"## One command per job": 1, "## Performance": 2, "## From zero to a phase-1 run on a SLURM cluster": 1}
 PROGRAMS = ("python ", "torchrun ", "make ", "tensorboard ", "export ", "... ")
 
 
 def readme_commands() -> list[str]:
-    """The backticked commands of the README tables' command columns, in order, each once."""
-    text, found = README.read_text(), []
-    for heading, column in TABLES.items():
-        section = text.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
-        for line in section.splitlines():
-            if not line.startswith("|") or line.startswith("|---"):
-                continue
+    """The README's commands in order, each once: code block lines and ``command`` table cells."""
+    found: list[str] = []
+
+    def add(command: str) -> None:
+        command = command.replace("\\|", "|")
+        if command.startswith(PROGRAMS) and command not in found:
+            found.append(command)
+
+    fenced, column, lines = False, None, []
+    for line in README.read_text().splitlines():  # a code line ending in " \\" goes on on the next one
+        if lines and lines[-1].endswith(" \\") and not line.startswith("```"):
+            lines[-1] = lines[-1][:-1] + line.strip()
+        else:
+            lines.append(line)
+    for line in lines:
+        if line.startswith("```"):
+            fenced = not fenced
+        elif fenced or re.match(r" {4}\S", line):
+            add(re.sub(r"\s+#\s.*$", "", line.strip()))
+        elif line.startswith("|"):
             cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
-            for span in re.findall(r"`([^`]+)`", cells[column] if len(cells) > column else ""):
-                if span.startswith(PROGRAMS) and span.replace("\\|", "|") not in found:
-                    found.append(span.replace("\\|", "|"))
+            if column is None:
+                column = cells.index("command") if "command" in cells else -1
+            elif column >= 0 and len(cells) > column:
+                for span in re.findall(r"`([^`]+)`", cells[column]):
+                    add(span)
+        else:
+            column = None
     return found
+
+
+Check = Callable[[dict, str], None]  # (the placeholders, the output): asserts what the command wrote
 
 
 @dataclass(frozen=True)
 class Here:
-    """How a README command runs on this machine: ``command`` with {run}, {tmp}, {bundle} filled."""
+    """How a README command runs on this machine: ``command`` with {run}, {tmp}, ... filled."""
 
     command: str
+    says: str  # a line the output must hold
     rc: int = 0  # the exit status the README documents here (2: bad input, e.g. the 2B's data is not here)
-    says: str = ""  # a line the output must hold
+    check: Check | None = None
 
 
-TRAIN_TINY = ("python train.py --recipe tiny.toml --set run.output_dir={tmp}/{name} --set training.steps=6 "
-              "--set schedule.warmup_steps=2 --set logging.interval=2 --set checkpoint.interval=3 "
-              "--set eval.every=0 --set logging.report=false --set logging.wandb_mode='\"disabled\"'")
-RUN = "{run}"
-HUB = "needs the Hugging Face Hub (not reachable here); tests/train/test_data_commands.py runs it against a local fake hub"
-GPU = "needs a GPU; its --cpu-check path runs in tests/bench/test_gpu_check.py"
-SAME = "the same program and flags as the first table's row, which runs above"
-BENCH = "a benchmark (minutes, a ratio against a baseline measured in the same run); tests/bench/test_bench.py runs each at toy size"
+@dataclass(frozen=True)
+class Same:
+    """The same program and flags as ``readme`` (another README command, which runs here)."""
 
-COMMANDS: dict[str, Here | str] = {
+    readme: str
+
+
+GPU, NETWORK, SLURM, SUITE, LONG = ("needs GPUs", "needs the Hub or another network", "needs SLURM",
+                                    "the suite's own setup", "runs for minutes")
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Why a README command does not run here; ``test`` (tests/<path>::<name>) runs it elsewhere, if any."""
+
+    kind: str  # one of GPU, NETWORK, SLURM, SUITE, LONG
+    why: str
+    test: str = ""
+
+
+# ---- what the commands write, checked ------------------------------------------------------------
+
+def made_the_run(work: dict, out: str) -> None:
+    run = Path(work["run"])
+    logged = losses(run)
+    assert sorted(logged) == [1, 2, 4, 6], logged  # every logging.interval=2 steps, and the last
+    assert f"final loss: {logged[6]:.4f} at step 6" in out
+    assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-3", "step-6"]
+
+
+def report_has_the_run(work: dict, out: str) -> None:
+    from train.report.page import embedded_data
+
+    page = Path(work["tmp"]) / "report" / "report.html"
+    loss = embedded_data(page.read_text())["loss"]["loss"]
+    assert dict(zip(loss["steps"], loss["values"])) == losses(Path(work["run"]))  # every logged step, exactly
+    assert Path(work["run"]).name in page.read_text()
+
+
+def prints(*lines: str) -> Check:
+    """More lines the output must hold."""
+    def check(work: dict, out: str) -> None:
+        assert [line for line in lines if line not in out] == []
+    return check
+
+
+def refused_and_wrote_nothing(work: dict, out: str) -> None:
+    """The dtp dry run: its plan, then every variant refused for the phase-1 data this machine lacks."""
+    assert "8 variant(s) refused" in out and "[data.sources[0]] path: " in out
+    assert not (Path(work["tmp"]) / "dtp").exists()
+
+
+def png_written(path: str) -> Check:
+    def check(work: dict, out: str) -> None:
+        assert Path(path.format(**work)).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return check
+
+
+CORPUS = ["def f(x):\n    return x", "A short line of prose."]
+
+
+def tokenized_the_corpus(work: dict, out: str) -> None:
+    """Both documents, each its tokens framed by <s> and </s>, by the tokenizer itself."""
+    from data.tokenizer import Tokenizer
+
+    manifest = json.loads((Path(work["tmp"]) / "tok" / "manifest.json").read_text())
+    tokenizer = Tokenizer(REPO / "assets/tokenizer/tokenizer.model")
+    assert (manifest["num_documents"], manifest["num_tokens"]) == (2, sum(len(tokenizer.encode(t)) + 2 for t in CORPUS))
+    assert all((Path(work["tmp"]) / "tok" / s["file"]).stat().st_size == s["bytes"] for s in manifest["shards"])
+
+
+def tokenized_the_conversations(work: dict, out: str) -> None:
+    """Every conversation of the file is a document with a loss mask, or counted as refused."""
+    manifest = json.loads((Path(work["tmp"]) / "chat" / "manifest.json").read_text())
+    refused = manifest["chat"]["rejected"]
+    lines = (REPO / "assets/chat/conversations.jsonl").read_text().splitlines()
+    assert manifest["loss_mask"] and manifest["num_documents"] + sum(refused.values()) == len(lines), manifest
+    assert f"conversations refused (not trained on): {refused}" in out
+
+
+def assets_unchanged(work: dict, out: str) -> None:
+    """A command that reads the bundled sample data (or finds its split already made) changes none of it."""
+    assert subprocess.run(["git", "status", "--porcelain", "assets"], cwd=REPO, capture_output=True,
+                          text=True).stdout == ""
+
+
+def decontaminated_nothing_clean(work: dict, out: str) -> None:
+    """Both documents of the clean corpus kept; the manifest counts 0 dropped per benchmark."""
+    manifest = json.loads((Path(work["tmp"]) / "decont" / "manifest.json").read_text())
+    assert manifest["num_documents"] == len(CORPUS)
+    assert manifest["decontamination"]["dropped"] == {"humaneval": 0, "mbpp": 0}, manifest["decontamination"]
+
+
+def sampled_and_wrote_evalplus_files(work: dict, out: str) -> None:
+    """pass@1 and pass@2 of each of the four names; evalplus's files, one line a sample (1 task x 2)."""
+    assert [m for m in ("humaneval", "humaneval+", "mbpp", "mbpp+") for k in (1, 2) if f"{m}/pass@{k}" not in out] == []
+    for dataset in ("humaneval", "mbpp"):
+        assert len((Path(work["tmp"]) / "samples" / f"{dataset}.jsonl").read_text().splitlines()) == 2
+
+
+def exported_the_checkpoint(work: dict, out: str) -> None:
+    """to-hf: config.json and the safetensors hold the run's last checkpoint's weights (fp32: kept)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from tests.conftest import checkpoint_tensors
+
+    hf = Path(work["tmp"]) / "hf"
+    assert json.loads((hf / "config.json").read_text())["model_type"] == "laneformer"
+    exported = {k: v for f in hf.glob("*.safetensors") for k, v in load_file(f).items()}
+    saved = {k: v for k, v in checkpoint_tensors(Path(work["run"]) / "checkpoints" / "step-6").items()
+             if not k.startswith("optimizer.")}  # the model's, under torchtitan's names
+    assert len(exported) == len(saved), (sorted(exported), sorted(saved))
+    for name, tensor in saved.items():  # under `model.` in the released layout, lm_head beside it
+        got = exported.get(name if name == "lm_head.weight" else f"model.{name}")
+        assert got is not None and torch.equal(got, tensor), f"{name}: not in the export with the checkpoint's values"
+
+
+def imported_the_export(work: dict, out: str) -> None:
+    """from-hf: the imported DCP checkpoint holds the export's tensors under torchtitan's names, and the
+    run's model config."""
+    import torch
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    tmp = Path(work["tmp"])
+    imported = tmp / "imported"
+    assert json.loads((imported / "laneformer_config.json").read_text()) == json.loads(
+        (Path(work["run"]) / "laneformer_config.json").read_text())
+    dcp_to_torch_save(imported, tmp / "imported.pt")
+    state = torch.load(tmp / "imported.pt", weights_only=False)
+    exported = {k: v for f in (tmp / "hf").glob("*.safetensors") for k, v in load_file(f).items()}
+    assert sorted(exported) == sorted(k if k == "lm_head.weight" else f"model.{k}" for k in state)
+    assert all(torch.equal(t, exported[k if k == "lm_head.weight" else f"model.{k}"]) for k, t in state.items())
+
+
+def ids_of(out: str) -> str:
+    [ids] = re.findall(r"^ids: (.*)$", out, re.M)
+    return ids
+
+
+def same_ids_as_one_process(work: dict, out: str) -> None:
+    assert ids_of(out) == work["ids"], (ids_of(out), work["ids"])
+
+
+def remember_ids(work: dict, out: str) -> None:
+    work["ids"] = ids_of(out)
+
+
+def launched_and_done(work: dict, out: str) -> None:
+    from launch.attempts import history
+
+    run = Path(work["tmp"]) / "local"
+    assert [(e["event"], e.get("action")) for e in history(run)] == [("start", None), ("end", "done")]
+    assert sorted(losses(run)) == [1, 2]
+
+
+def titan_run(work: dict, out: str) -> None:
+    assert sorted(losses(Path(work["tmp"]) / "titan")) == [1, 2]
+
+
+# ---- the README's commands ------------------------------------------------------------------------
+
+SHORT_RUN = ("--set run.output_dir={run} --set training.steps=6 --set schedule.warmup_steps=2 "
+             "--set logging.interval=2 --set checkpoint.interval=3 --set eval.every=0 --set logging.report=false")
+MAKE_TRAIN = "make train"  # first: the run the later commands read
+HF = "python -m models.laneformer.convert to-hf runs/NAME OUT"
+ONE_PROCESS = "python -m models.laneformer.generate --checkpoint X --prompt TEXT --max-new-tokens N"
+PLOT = "python train.py --recipe phase1.toml --plan --gpus 192 --plot plan.png"
+DTP_DRY = "python -m launch.sweep recipes/sweeps/dtp.toml --dry-run --gpus 8 --gpu h100"
+CORE = "python -m eval.run --checkpoint runs/NAME --core BUNDLE --max-per-task 100"
+EVALPLUS = ("python -m eval.run --checkpoint X --evalplus humaneval,mbpp --evalplus-data DIR [--chat] [--limit N] "
+            "[--evalplus-find-zero released]")
+BENCH = "tests/bench/test_bench.py"
+SWEEP = "tests/launch/test_sweep.py::test_the_comparison_holds_each_runs_own_metrics"
+
+COMMANDS: dict[str, Here | Same | Skip] = {
+    # Not the README's bare `make train`: its setup step is this suite's environment (`-o` keeps make from
+    # reinstalling it), and TRAIN_ARGS shortens the run to 6 steps.
+    MAKE_TRAIN: Here(f"make -o .venv/.installed train TRAIN_ARGS='{SHORT_RUN}'", "final loss: ", check=made_the_run),
+    "make test": Skip(SUITE, "this suite itself (CI runs it on a clean clone)"),
+    "make setup": Skip(SUITE, "makes the environment this suite runs in (CI runs make test on a clean clone)"),
     # --- one command per job ---
-    "torchrun --nproc-per-node 8 train.py --recipe phase1.toml": Here(TRAIN_TINY.format(tmp="{tmp}", name="main"),
-                                                                      says="final loss: "),
+    "torchrun --nproc-per-node 8 train.py --recipe phase1.toml": Skip(GPU, "the 2B on 8 GPUs; train.py itself runs "
+                                                                         "here through make train"),
     "... --set optimizer.lr=2e-4 --set training.steps=1000":
         Here("python train.py --recipe tiny.toml --set optimizer.lr=2e-4 --set training.steps=1000 --print-config",
-             says="steps = 1000"),
+             "steps = 1000", check=prints("lr = 0.0002")),
     "python train.py --recipe phase1.toml --print-config": Here("python train.py --recipe phase1.toml --print-config",
-                                                                says='flavor = "2B"'),
+                                                                'flavor = "2B"'),
     "python train.py --recipe phase1.toml --dry-run [--gpus 192 --mfu 0.4] [--run DIR]":
-        Here("python train.py --recipe phase1.toml --dry-run --gpus 192 --mfu 0.28", rc=2,
-             says="expected wall time: 12.9 days on 192 GPUs at 28% MFU"),
+        Here("python train.py --recipe phase1.toml --dry-run --gpus 192 --mfu 0.28 --run {run}",
+             "expected wall time: 12.9 days on 192 GPUs at 28% MFU", rc=2),
     "python train.py --recipe phase1.toml --plan [--gpus 192 --gpu h100|h200|a100|mi300x] [--sweep] [--ops]":
-        "the --plot row below runs the same plan of the 2B; tests/train/test_plan.py runs --sweep, --ops and --json",
+        Same(PLOT),
     "torchrun -m torchtitan.train --module train --config laneformer_tiny":
-        "tests/train/test_train.py::test_torchtitans_own_entry_point_runs_the_registered_config runs it (2 steps)",
-    "torchrun ... train.py --recipe phase2.toml": "tests/train/test_train.py::test_phase2_starts_from_phase1_weights "
-                                                  "runs tiny-phase2 from a tiny run's checkpoint",
+        Here("torchrun -m torchtitan.train --module train --config laneformer_tiny --training.steps 2 "
+             "--dump_folder {tmp}/titan --metrics.log_freq 1", "", check=titan_run),
+    "torchrun ... train.py --recipe phase2.toml": Skip(GPU, "the 2B on GPUs from phase 1's checkpoint; tiny-phase2 "
+        "from a tiny checkpoint runs in the test named", "tests/train/test_train.py::test_phase2_starts_from_phase1_weights"),
     "python -m train.report runs/NAME [runs/OTHER ...] [--out DIR] [--plan-gpu h100 --gpus 192]":
-        Here("python -m train.report {run} --out {tmp}/report", says="report.html"),
-    "python train.py --recipe phase1.toml --plan --gpus 192 --plot plan.png":
-        Here("python train.py --recipe phase1.toml --plan --gpus 192 --plot {tmp}/plan.png",
-             says="peak memory per GPU: 58.76 GiB of 79.6 GiB (fits)"),
+        Here("python -m train.report {run} --out {tmp}/report", "report.html", check=report_has_the_run),
+    PLOT: Here("python train.py --recipe phase1.toml --plan --gpus 192 --plot {tmp}/plan.png",
+               "peak memory per GPU: 58.76 GiB of 79.6 GiB (fits)", check=png_written("{tmp}/plan.png")),
     "python -m models.laneformer.inspect --flavor 2B": Here("python -m models.laneformer.inspect --flavor 2B",
-                                                           says="2,320,069,632"),
-    "python -m data.tokenize --input <hub id, dir or glob> --text-key text --tokenizer tokenizer.model --out DIR [--slurm ...]":
-        Here("python -m data.tokenize --input {tmp}/corpus.jsonl --text-key text "
-             "--tokenizer assets/tokenizer/tokenizer.model --out {tmp}/tok", says="2 documents"),
-    "python -m data.tokenizer fetch [--repo ID]": HUB,
-    "python -m train.data download --recipe phase1 --source web-high [--slurm --partition P]": HUB,
-    "python -m train.data tokenize --recipe phase1 --source web-high [--tasks N --slurm ...]": HUB,
+                                                           "2,320,069,632"),
+    "python -m data.tokenize --input <hub id, dir or glob> --text-key text --tokenizer tokenizer.model --out DIR "
+    "[--slurm ...]": Here("python -m data.tokenize --input {tmp}/corpus.jsonl --text-key text "
+                          "--tokenizer assets/tokenizer/tokenizer.model --out {tmp}/tok", "2 documents",
+                          check=tokenized_the_corpus),
+    "python -m data.tokenizer fetch [--repo ID]": Skip(NETWORK, "downloads from the Hub; a local fake hub in the test "
+        "named", "tests/train/test_data_commands.py::test_tokenizer_fetch_puts_in_place_only_the_expected_file"),
+    "python -m train.data download --recipe phase1 --source web-high [--slurm --partition P]": Skip(NETWORK,
+        "downloads from the Hub; a local fake hub in the test named",
+        "tests/train/test_data_commands.py::test_download_then_tokenize_the_local_copy_with_the_hub_cut_off"),
+    "python -m train.data tokenize --recipe phase1 --source web-high [--tasks N --slurm ...]": Skip(NETWORK,
+        "reads the source from the Hub or its download; a local fake hub in the test named",
+        "tests/train/test_data_commands.py::test_download_then_tokenize_the_local_copy_with_the_hub_cut_off"),
     "python -m data.tokenize --input FILE --chat-key messages --tokenizer T --out DIR":
         Here("python -m data.tokenize --input assets/chat/conversations.jsonl --chat-key messages "
-             "--tokenizer assets/tokenizer/tokenizer.model --out {tmp}/chat", says="conversations refused"),
-    "python -m train.data verify --recipe phase1": Here("python -m train.data verify --recipe tiny", says="ok "),
-    "python -m train.data holdout --recipe phase1 [--source web-high]":
-        Here("python -m train.data holdout --recipe tiny", says="held out (holdout 0.1)"),  # split already: unchanged
+             "--tokenizer assets/tokenizer/tokenizer.model --out {tmp}/chat", "conversations refused",
+             check=tokenized_the_conversations),
+    "python -m train.data verify --recipe phase1": Here("python -m train.data verify --recipe tiny", "ok "),
+    "python -m train.data holdout --recipe phase1 [--source web-high]":  # split already: unchanged
+        Here("python -m train.data holdout --recipe tiny", "held out (holdout 0.1)", check=assets_unchanged),
     "python -m data.holdout DIR --holdout 0.0001":
-        Here("python -m data.holdout assets/sample_data/code --holdout 0.1", says="held out (holdout 0.1)"),
-    "python -m data.verify DIR...": Here("python -m data.verify assets/sample_data/prose assets/sample_data/code",
-                                         says="ok "),
+        Here("python -m data.holdout assets/sample_data/code --holdout 0.1", "held out (holdout 0.1)",
+             check=assets_unchanged),
+    "python -m data.verify DIR...": Here("python -m data.verify assets/sample_data/prose assets/sample_data/code", "ok "),
     "python -m data.decontaminate report DIR... --benchmarks humaneval,mbpp[,core] --evalplus-data DIR "
     "[--core-bundle DIR]": Here("python -m data.decontaminate report assets/sample_data/prose --benchmarks core "
-                                "--core-bundle {bundle}", says="core: 0 overlapping"),
-    "python -m models.laneformer.convert to-hf runs/NAME OUT": Here("python -m models.laneformer.convert to-hf "
-                                                                    "{run} {tmp}/hf"),
+                                "--core-bundle {bundle}", "core: 0 overlapping", check=assets_unchanged),
+    "python -m data.tokenize --input DIR --tokenizer T --out OUT --decontaminate humaneval,mbpp[,core] "
+    "--evalplus-data DIR [--core-bundle DIR]":
+        Here("python -m data.tokenize --input {tmp}/corpus.jsonl --tokenizer assets/tokenizer/tokenizer.model "
+             "--out {tmp}/decont --decontaminate humaneval,mbpp --evalplus-data {evalplus}",
+             "dropped as benchmark overlap", check=decontaminated_nothing_clean),
+    "python -m train.data tokenize --recipe phase2 --source code --evalplus-data DIR": Skip(NETWORK,
+        "reads phase 2's code source from the Hub or its download; a bundled source in the test named",
+        "tests/data/test_decontaminate.py::test_a_recipe_source_with_decontaminate_is_tokenized_with_it"),
+    "python -m data.decontaminate report OUT... --benchmarks humaneval,mbpp --evalplus-data DIR":
+        Same("python -m data.decontaminate report DIR... --benchmarks humaneval,mbpp[,core] --evalplus-data DIR "
+             "[--core-bundle DIR]"),
+    HF: Here("python -m models.laneformer.convert to-hf {run} {tmp}/hf", "", check=exported_the_checkpoint),
     "python -m models.laneformer.convert from-hf HF_DIR OUT": Here("python -m models.laneformer.convert from-hf "
-                                                                   "{tmp}/hf {tmp}/imported"),
+                                                                   "{tmp}/hf {tmp}/imported", "",
+                                                                   check=imported_the_export),
     "python -m models.laneformer.push OUT --repo-id ORG/NAME [--dry-run]":
-        Here("python -m models.laneformer.push {tmp}/hf --repo-id org/laneformer-tiny --dry-run", says="config.json"),
-    "python -m eval.run --checkpoint runs/NAME --core BUNDLE --max-per-task 100":
-        Here("python -m eval.run --checkpoint {run} --core {bundle} --core-tasks copa,winograd --max-per-task 2",
-             says="partial CORE"),
-    "python -m eval.core_data fetch DIR": "downloads nanochat's eval_bundle.zip (no network here); "
-                                          "tests/eval/test_core_data.py converts a local copy",
-    "python -m eval.run --checkpoint X --evalplus humaneval,mbpp --evalplus-data DIR [--chat] [--limit N] "
-    "[--evalplus-find-zero released]": "runs model code in the sandbox for minutes; tests/eval/test_evalplus.py "
-                                      "runs the same scoring on a dataset written for the test",
-    "python -m models.laneformer.generate --checkpoint X --prompt TEXT --max-new-tokens N":
-        Here("python -m models.laneformer.generate --checkpoint {tmp}/hf --prompt 'def add(a, b):' "
-             "--max-new-tokens 4 --no-tp-baseline", says="ids: "),
+        Here("python -m models.laneformer.push {tmp}/hf --repo-id org/laneformer-tiny --dry-run", "config.json"),
+    CORE: Here("python -m eval.run --checkpoint {run} --core {bundle} --core-tasks copa,winograd --max-per-task 2",
+               "partial CORE"),
+    "python -m eval.core_data fetch DIR": Skip(NETWORK, "downloads nanochat's eval_bundle.zip; the test named "
+                                                        "converts a local copy", "tests/eval/test_core_data.py"),
+    EVALPLUS: Here("python -m eval.run --checkpoint {tmp}/hf --evalplus humaneval,mbpp --evalplus-data {evalplus} "
+                   "--chat --limit 1 --max-new-tokens 8", "mbpp+/pass@1",
+                   check=prints("humaneval/pass@1", "humaneval+/pass@1", "mbpp/pass@1")),
+    "python -m eval.run --checkpoint IMPORTED --evalplus humaneval,mbpp --evalplus-data EVALPLUS_DIR --chat "
+    "--samples 16 --temperature T [--top-p 0.95] [--seed 0] [--evalplus-out DIR]":
+        Here("python -m eval.run --checkpoint {tmp}/hf --evalplus humaneval,mbpp --evalplus-data {evalplus} --chat "
+             "--limit 1 --max-new-tokens 8 --samples 2 --temperature 0.8 --seed 0 --evalplus-out {tmp}/samples",
+             "mbpp+/pass@2", check=sampled_and_wrote_evalplus_files),
+    ONE_PROCESS: Here("python -m models.laneformer.generate --checkpoint {tmp}/hf --prompt 'def add(a, b):' "
+                      "--max-new-tokens 4 --no-tp-baseline", "ids: ", check=remember_ids),
     "torchrun --nproc-per-node 8 -m models.laneformer.generate --checkpoint HF_DIR --prompt TEXT --max-new-tokens N "
-    "--lane-parallel": "8 ranks on 2 cores; tests/e2e/test_lane_parallel_decode.py runs it on 8, 4 and 2 ranks",
+    "--lane-parallel": Here("torchrun --nproc-per-node 2 -m models.laneformer.generate --checkpoint {tmp}/hf "
+                            "--prompt 'def add(a, b):' --max-new-tokens 4 --lane-parallel --no-tp-baseline", "ids: ",
+                            check=same_ids_as_one_process),
     "python -m launch.sweep recipes/sweeps/dtp.toml [--dry-run --gpus 8 --gpu h100] [--parallel K | --slurm "
-    "--partition P ...]": "tests/launch/test_sweep.py runs the tiny sweep end to end, the dry run's plan and a "
-                          "refused variant; the dtp study needs the phase-1 shards",
-    "python -m train.report runs/sweeps/dtp": "tests/launch/test_sweep.py compares the tiny sweep it ran",
-    "python -m launch.local --recipe tiny.toml --nproc 2 [--set ...]": "tests/launch/test_launch_local.py runs it "
-        "(2 ranks; a preemption, a crash and a stalled rank, each resumed with the same losses)",
-    "python -m bench.gpu_check": Here("python -m bench.gpu_check --out {tmp}/gpu_check.json", rc=1,
-                                      says="no CUDA GPU found, so nothing was checked"),
+    "--partition P ...]": Same(DTP_DRY),
+    "python -m train.report runs/sweeps/dtp": Skip(GPU, "compares the dtp study's 24 runs on 8 H100s; the test named "
+                                                        "compares the tiny sweep", SWEEP),
+    "python -m launch.local --recipe tiny.toml --nproc 2 [--set ...]":
+        Here("python -m launch.local --recipe tiny.toml --nproc 2 --set run.output_dir={tmp}/local "
+             "--set training.steps=2 --set schedule.warmup_steps=1 --set logging.report=false --set eval.every=0 "
+             "--set eval.at_end=false", "", check=launched_and_done),
+    "python -m bench.gpu_check": Here("python -m bench.gpu_check --out {tmp}/gpu_check.json",
+                                      "no CUDA GPU found, so nothing was checked", rc=1),
     # --- benchmarks ---
-    "python -m bench.lanes_vs_dense --flavors 100M --modes compiled --steps 15": BENCH,
-    "python -m bench.compile": BENCH,
-    "python -m bench.checkpoint": BENCH,
-    "python -m bench.dataloader": BENCH,
-    "python -m bench.step_overhead": BENCH,
-    "python -m bench.compile_cache": "a benchmark (three compiled launches, minutes); its figures are in bench/README.md",
+    "python -m bench.lanes_vs_dense --flavors 100M --modes compiled --steps 15": Skip(LONG, "a benchmark", BENCH),
+    "python -m bench.compile": Skip(LONG, "a benchmark", BENCH),
+    "python -m bench.checkpoint": Skip(LONG, "a benchmark", BENCH),
+    "python -m bench.dataloader": Skip(LONG, "a benchmark", BENCH),
+    "python -m bench.step_overhead": Skip(LONG, "a benchmark", BENCH),
+    "python -m bench.compile_cache": Skip(LONG, "three compiled launches; its figures are in bench/README.md",
+                                          "tests/bench/test_bench.py"),
+    # --- SFT ---
+    "python -m models.laneformer.convert from-hf RELEASE IMPORTED": Same("python -m models.laneformer.convert from-hf "
+                                                                        "HF_DIR OUT"),
+    "python -m eval.run --checkpoint IMPORTED --evalplus humaneval,mbpp --evalplus-data EVALPLUS_DIR --chat":
+        Same(EVALPLUS),
+    # --- sweeps ---
+    "python -m launch.sweep recipes/sweeps/tiny-dtp.toml": Skip(LONG, "4 runs of 100 steps (8.9 CPU-minutes); the "
+                                                                      "test named runs it at 4 steps", SWEEP),
+    "python -m train.report runs/sweeps/tiny-dtp": Skip(LONG, "compares the sweep above; the test named runs it on "
+                                                              "its 4-step sweep", SWEEP),
+    DTP_DRY: Here("python -m launch.sweep recipes/sweeps/dtp.toml --dry-run --gpus 8 --gpu h100 --root {tmp}/dtp",
+                  "sweep total: 24 runs, 46.4 GPU-hours at the roofline (5.8 h on 8 x H100", rc=2,
+                  check=refused_and_wrote_nothing),
+    "python -m launch.sweep recipes/sweeps/dtp.toml --slurm --partition gpu --nodes 1 --gpus-per-node 8 "
+    "--time 12:00:00": Skip(SLURM, "submits a job per run", "tests/launch/test_sweep.py"),
     # --- from zero to a phase-1 run ---
-    "make setup": "this suite runs in the environment it makes (CI runs make test on a clean clone)",
-    "make test": "this suite itself (CI runs it on a clean clone)",
-    "python -m data.tokenizer fetch": HUB,
-    "export LANEFORMER_DATA_ROOT=/lustre/you/laneformer": "sets a variable; "
-        "tests/train/test_data_commands.py::test_the_data_root_moves_every_source_path_and_set_beats_the_environment",
-    "python train.py --recipe phase1 --dry-run": "the table's phase-1 dry run above, without its optional flags",
-    "python -m train.data download --recipe phase1 --source web-high [--slurm --partition cpu]": HUB,
+    "python -m data.tokenizer fetch": Same("python -m data.tokenizer fetch [--repo ID]"),
+    "export LANEFORMER_DATA_ROOT=/lustre/you/laneformer":
+        Here("bash -c 'export LANEFORMER_DATA_ROOT={tmp}/lustre && python train.py --recipe phase1 --dry-run'",
+             "{tmp}/lustre/tokenized/nemotron-cc-v2/high-quality not found", rc=2),
+    "python train.py --recipe phase1 --dry-run": Here("python train.py --recipe phase1 --dry-run",
+                                                      "needs >= ", rc=2),
+    "python -m train.data download --recipe phase1 --source web-high [--slurm --partition cpu]":
+        Same("python -m train.data download --recipe phase1 --source web-high [--slurm --partition P]"),
     "python -m train.data tokenize --recipe phase1 --source web-high --tasks 512 --slurm --partition cpu "
-    "--time 24:00:00 --sbatch-arg signal=USR1@120": HUB,
-    "python train.py --recipe phase1 --plan --gpu h100": "traces the 2B on 192 fake ranks (~1 min); "
-        "tests/train/test_plan.py runs it and checks its figures",
+    "--time 24:00:00 --sbatch-arg signal=USR1@120":
+        Same("python -m train.data tokenize --recipe phase1 --source web-high [--tasks N --slurm ...]"),
+    "python train.py --recipe phase1 --plan --gpu h100": Same(PLOT),
+    # --no-plan: the plan is the --plot row's
     "python -m launch.slurm submit --recipe phase1 --nodes 24 --gpus-per-node 8 --partition gpu --account ACCOUNT "
     "--time 48:00:00 --nccl-socket-ifname ib0 --dry-run":
         Here("python -m launch.slurm submit --recipe phase1 --nodes 24 --gpus-per-node 8 --partition gpu "
-             "--account ACCOUNT --time 48:00:00 --nccl-socket-ifname ib0 --dry-run --no-plan", rc=2,
-             says="#SBATCH --nodes=24"),
+             "--account ACCOUNT --time 48:00:00 --nccl-socket-ifname ib0 --dry-run --no-plan", "#SBATCH --nodes=24",
+             rc=2),
     "python -m launch.slurm status runs/laneformer-2b-phase1": Here("python -m launch.slurm status {run}",
-                                                                   says="latest checkpoint: step 6 of 6"),
-    "python -m launch.slurm logs runs/laneformer-2b-phase1 -f": "follows a SLURM job's logs; "
-        "tests/launch/test_launch_slurm.py reads them on the emulated cluster",
-    "tensorboard --logdir runs/laneformer-2b-phase1": "a server; tests/train/test_train.py reads the run's event files",
-    "python -m launch.slurm submit --recipe phase2 --nodes 24 --gpus-per-node 8 ...": "a SLURM submission; "
-        "tests/launch/test_launch_slurm.py submits on the emulated cluster",
-    "python -m models.laneformer.convert to-hf runs/laneformer-2b-phase2 exports/laneformer-2b": SAME,
-    "python -m eval.core_data fetch core_bundle": "downloads nanochat's eval_bundle.zip (no network here)",
-    "python -m eval.run --checkpoint exports/laneformer-2b --core core_bundle": SAME,
-    "python -m models.laneformer.push exports/laneformer-2b --repo-id ORG/laneformer-2b": SAME,
+                                                                   "latest checkpoint: step 6 of 6"),
+    "python -m launch.slurm logs runs/laneformer-2b-phase1 -f": Skip(SLURM, "follows a SLURM job's logs; the test "
+        "named reads them on the emulated cluster", "tests/launch/test_launch_slurm.py"),
+    "tensorboard --logdir runs/laneformer-2b-phase1": Here("tensorboard --logdir {run} --inspect --tag "
+                                                           "loss_metrics/global_avg_loss", "loss_metrics/global_avg_loss"),
+    "python -m launch.slurm submit --recipe phase2 --nodes 24 --gpus-per-node 8 ...": Skip(SLURM, "a SLURM "
+        "submission; the test named submits on the emulated cluster", "tests/launch/test_launch_slurm.py"),
+    "python -m models.laneformer.convert to-hf runs/laneformer-2b-phase2 exports/laneformer-2b": Same(HF),
+    "python -m eval.core_data fetch core_bundle": Same("python -m eval.core_data fetch DIR"),
+    "python -m eval.run --checkpoint exports/laneformer-2b --core core_bundle": Same(CORE),
+    "python -m models.laneformer.push exports/laneformer-2b --repo-id ORG/laneformer-2b": Skip(NETWORK, "uploads to "
+        "the Hub (its --dry-run runs above)", "tests/models/test_push.py"),
 }
 
+TODO = ('add to COMMANDS in tests/test_readme_commands.py: "{c}": Here("<the command with placeholders filled: '
+        '{{run}}, {{tmp}}, {{bundle}}, {{evalplus}}>", "<a line it prints>", rc=<documented exit status>, '
+        'check=<a function asserting what it writes>), or Same("<another README command it repeats>"), or '
+        'Skip(GPU|NETWORK|SLURM|SUITE|LONG, "<why>", "tests/<file>::<test that runs it>")')
 
-def test_every_readme_command_has_a_line_here_and_every_line_a_readme_command():
+
+def test_every_readme_command_has_an_entry_and_every_entry_a_readme_command():
     listed = readme_commands()
-    assert [c for c in listed if c not in COMMANDS] == [], "README commands without a line in COMMANDS"
-    assert [c for c in COMMANDS if c not in listed] == [], "lines in COMMANDS whose command left the README"
-    assert all(isinstance(v, Here) or len(v) > 20 for v in COMMANDS.values()), "a skipped command needs its reason"
+    missing = [TODO.format(c=c) for c in listed if c not in COMMANDS]
+    assert not missing, "README commands without an entry:\n" + "\n".join(missing)
+    assert [c for c in COMMANDS if c not in listed] == [], "entries in COMMANDS whose command left the README"
+
+
+def test_a_same_entry_points_at_a_command_that_runs_and_a_skip_is_reasoned():
+    for readme, entry in COMMANDS.items():
+        if isinstance(entry, Same):
+            assert isinstance(COMMANDS.get(entry.readme), (Here, Skip)) and entry.readme != readme, readme
+            target = COMMANDS[entry.readme]
+            assert not isinstance(target, Same), f"{readme}: points at another Same"
+            assert readme.split()[:3] == entry.readme.split()[:3], f"{readme}: not the program of {entry.readme}"
+        elif isinstance(entry, Skip):
+            assert entry.kind in (GPU, NETWORK, SLURM, SUITE, LONG) and len(entry.why) > 10, readme
+            assert entry.test or entry.kind in (GPU, SUITE), f"{readme}: say which test runs it at toy size"
+            if entry.test:
+                path, _, name = entry.test.partition("::")
+                file = REPO / path
+                assert file.is_file(), entry.test
+                assert not name or re.search(rf"^def {name}\(", file.read_text(), re.M), entry.test
+    # what does not run here, by kind: a change to this list is a change to what the README test checks
+    skipped = {}
+    for readme, entry in COMMANDS.items():
+        if isinstance(entry, Skip):
+            skipped.setdefault(entry.kind, []).append(readme.split(" [")[0][:40])
+    assert {k: len(v) for k, v in skipped.items()} == {SUITE: 2, GPU: 3, NETWORK: 6, LONG: 8, SLURM: 3}, skipped
 
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> dict[str, str]:
-    """The placeholders: a tiny run made by the README's train command, a corpus, a toy CORE bundle."""
+    """The placeholders: a run dir (made by the first command, make train), a corpus, a toy CORE bundle
+    and a toy EvalPlus dataset."""
     from tests.eval.conftest import write_toy_core_bundle
+    from tests.eval.evalplus_cases import HUMANEVAL, MBPP, write_release
 
     tmp = tmp_path_factory.mktemp("readme")
-    (tmp / "corpus.jsonl").write_text('{"text": "def f(x):\\n    return x"}\n{"text": "A short line of prose."}\n')
-    return {"tmp": str(tmp), "run": str(tmp / "main"), "bundle": str(write_toy_core_bundle(tmp / "core"))}
+    (tmp / "corpus.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in CORPUS))
+    evalplus = tmp / "evalplus"
+    evalplus.mkdir()
+    write_release(evalplus / "HumanEvalPlus.jsonl", HUMANEVAL)
+    write_release(evalplus / "MbppPlus.jsonl", MBPP)
+    return {"tmp": str(tmp), "run": str(tmp / "main"), "bundle": str(write_toy_core_bundle(tmp / "core")),
+            "evalplus": str(evalplus)}
 
 
 def run_here(line: str, work: dict) -> subprocess.CompletedProcess:
@@ -197,7 +480,8 @@ def run_here(line: str, work: dict) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_every_readme_command_runs_here_as_documented(work):
-    """In README order, so the train command makes the run the later ones read."""
+    """In README order (make train first: the later ones read its run), each checked for its exit status,
+    its line and what it writes."""
     failures = []
     for readme in readme_commands():
         here = COMMANDS.get(readme)
@@ -207,9 +491,18 @@ def test_every_readme_command_runs_here_as_documented(work):
         result = run_here(here.command, work)
         print(f"{time.monotonic() - start:6.1f} s  {here.command.format(**work)}")  # pytest -s: what each costs
         out = result.stdout + result.stderr
-        if result.returncode != here.rc or "Traceback (most recent call last)" in out or here.says not in out:
-            failures.append(f"{readme}\n  ran: {here.command.format(**work)}\n  exit {result.returncode} "
-                            f"(documented {here.rc}); expected {here.says!r}\n{out[-1500:]}")
+        problem = None
+        if result.returncode != here.rc or "Traceback (most recent call last)" in out:
+            problem = f"exit {result.returncode} (documented {here.rc})"
+        elif here.says.format(**work) not in out:
+            problem = f"expected {here.says.format(**work)!r} in its output"
+        elif here.check:
+            try:
+                here.check(work, out)
+            except Exception as e:  # noqa: BLE001 - every failure of every command, reported at once
+                problem = f"what it wrote: {type(e).__name__}: {e}"
+        if problem:
+            failures.append(f"{readme}\n  ran: {here.command.format(**work)}\n  {problem}\n{out[-1500:]}")
     assert not failures, "\n\n".join(failures)
 
 

@@ -215,7 +215,7 @@ class Launch:
     # the planned restart, seconds (launch.slurm status measures it).
     node_mtbf_hours: float = 6330.0
     restart_s: float = 600.0
-    # A rank whose compute check (train/health/straggler.py) is slower than the ranks' median by more than this
+    # A rank whose compute check (train/health/straggler.py) is slower than the other ranks' median by more than this
     # fraction at straggler_windows logging steps in a row is named: stderr, <run>/alerts.jsonl, wandb.alert.
     straggler_threshold: float = 0.2
     straggler_windows: int = 5
@@ -535,8 +535,12 @@ def resolve(recipe: Recipe) -> None:
     for key in ("stall_timeout", "stall_timeout_first_step", "stall_timeout_checkpoint", "stall_timeout_eval"):
         if getattr(recipe.launch, key) < 0:
             fail("launch", f"{key}: must be >= 0 seconds, 0 for off (got {getattr(recipe.launch, key)})")
-    if recipe.launch.straggler_threshold <= 0 or recipe.launch.straggler_windows < 1:
-        fail("launch", "straggler_threshold must be > 0 and straggler_windows >= 1")
+    if not (math.isfinite(recipe.launch.straggler_threshold) and recipe.launch.straggler_threshold > 0):
+        fail("launch", "straggler_threshold: must be a finite number > 0, the fraction by which a rank's compute "
+                       "check exceeds the other ranks' median (nan or inf would never name a straggler; "
+                       f"got {recipe.launch.straggler_threshold})")
+    if recipe.launch.straggler_windows < 1:
+        fail("launch", f"straggler_windows: must be >= 1 (got {recipe.launch.straggler_windows})")
     if recipe.launch.node_mtbf_hours <= 0 or recipe.launch.restart_s < 0:
         fail("launch", "node_mtbf_hours must be > 0 and restart_s >= 0")
     if c.stall_s is not None and c.stall_s <= 0:

@@ -1,12 +1,15 @@
 """Replica consistency under HSDP (train/health/consistency.py), with a real bit flipped in one rank's shard.
 
-6 gloo ranks as 2 shards x 3 replicas: ``LANEFORMER_TEST_BITFLIP=4:3`` flips one bit of rank 4's
-parameter shard after step 3's optimizer update (a change the loss does not show); the check before
-step 4's save catches it, names rank 4 and its host by majority vote, exits with its own code and
+6 gloo ranks as 2 shards x 3 replicas (replica groups [0, 2, 4] and [1, 3, 5]):
+``LANEFORMER_TEST_BITFLIP=5:3`` flips one bit of rank 5's parameter shard, in the second group, after
+step 3's optimizer update (a change the loss does not show); the check before
+step 4's save catches it, names rank 5 and its host by majority vote, exits with its own code and
 saves nothing. Resumed without the fault, the run goes on from the verified step-2 checkpoint (not
 from a complete but unverified newer one planted beside it) and ends with every tensor of its
 step-4 checkpoint, model and AdamW state, equal to a clean run's (which passes every check). With 2
-replicas (no majority) both holders are named, here at a periodic check (``consistency_every=1``).
+replicas (no majority) both holders are named, here at a periodic check (``consistency_every=1``) right
+after a bit of AdamW's first moment is flipped (``1:1:optimizer``): the parameters are still equal
+then, so only the optimizer state's checksum can see it at that step.
 """
 
 from __future__ import annotations
@@ -49,13 +52,14 @@ HSDP = ("parallel.shard=2", "parallel.replicate=3")
 
 def test_a_flipped_bit_is_caught_before_the_save_and_the_run_resumes_from_the_verified_checkpoint(tmp_path):
     run, clean = tmp_path / "run", tmp_path / "clean"
-    result, note = launch(run, 6, *HSDP, bitflip="4:3")
+    result, note = launch(run, 6, *HSDP, bitflip="5:3")
     assert result.returncode != 0
     assert note["code"] == Exit.REPLICA_MISMATCH and note["reason"] == "replica mismatch"
-    assert (note["step"], note["ranks"], note["hosts"], note["majority"]) == (4, [4], [socket.gethostname()], True)
-    assert f"the odd one: rank 4 on {socket.gethostname()}" in note["message"]
+    assert (note["step"], note["ranks"], note["hosts"], note["majority"]) == (4, [5], [socket.gethostname()], True)
+    assert (note["shards"], note["differs_in"]) == ([1], ["parameters"])  # the second group's shard
+    assert f"the odd one: rank 5 on {socket.gethostname()}" in note["message"]
     [alert] = [json.loads(line) for line in (run / ALERTS_FILE).read_text().splitlines()]
-    assert (alert["kind"], alert["step"], alert["ranks"]) == ("replica_mismatch", 4, [4])
+    assert (alert["kind"], alert["step"], alert["ranks"]) == ("replica_mismatch", 4, [5])
     checkpoints = run / "checkpoints"
     assert not (checkpoints / "step-4").exists()  # nothing saved after the flip
     assert (checkpoints / "step-2" / VERIFIED_FILE).is_file()
@@ -77,11 +81,12 @@ def test_a_flipped_bit_is_caught_before_the_save_and_the_run_resumes_from_the_ve
         assert [k for k in want if not torch.equal(got[k], want[k])] == [], step
 
 
-def test_with_two_replicas_both_holders_are_named(tmp_path):
+def test_with_two_replicas_both_holders_of_a_flipped_optimizer_state_are_named_at_once(tmp_path):
     run, host = tmp_path / "run", socket.gethostname()
     result, note = launch(run, 2, "parallel.shard=1", "parallel.replicate=2", "training.global_batch=4",
-                          "training.consistency_every=1", bitflip="1:1")
+                          "training.consistency_every=1", bitflip="1:1:optimizer")
     assert result.returncode != 0
     assert (note["code"], note["step"], note["ranks"], note["majority"]) == (Exit.REPLICA_MISMATCH, 1, [0, 1], False)
+    assert note["differs_in"] == ["optimizer state"]  # the parameters are equal until step 2's update
     assert f"no majority among 2 replicas, the holders: rank 0 on {host}; rank 1 on {host}" in note["message"]
     assert not list(run.glob("checkpoints/step-*"))  # nothing saved

@@ -66,18 +66,37 @@ def test_an_uninterrupted_run_finishes_in_one_start_and_names_no_straggler(refer
 
 
 STRAGGLER_WINDOWS = 2
+STRAGGLER_THRESHOLD = 0.5
+
+
+def first_straggler(rows: dict[int, dict], threshold: float, windows: int) -> tuple[int, int] | None:
+    """(rank, step) of the first alert train.health.straggler's rule gives on 3 ranks' logged numbers.
+    With 3 ranks only the slowest can exceed the median of the other two (the upper one: the middle
+    rank's), which is the logged median of all three; the streak is per rank."""
+    streak: dict[int, int] = {}
+    for step in sorted(s for s in rows if "straggler/slowest_rank" in rows[s]):
+        r = rows[step]
+        slow = r["straggler/compute_max_s"] > (1 + threshold) * r["straggler/compute_median_s"]
+        streak = {r["straggler/slowest_rank"]: streak.get(r["straggler/slowest_rank"], 0) + 1} if slow else {}
+        if windows in streak.values():
+            return r["straggler/slowest_rank"], step
+    return None
 
 
 @pytest.mark.slow
 def test_a_rank_whose_core_is_shared_with_a_busy_process_is_named_the_straggler(tmp_path):
-    """Rank 1 pinned with taskset to core 0 beside a busy process pinned there. The busy process
-    must win the core: Linux groups tasks by session (autogroup) and shares a core fairly between
-    groups, and on a loaded machine the load balancer moves every other task off the busy core,
-    so rank 1's session is niced (its autogroup) to lose to the neighbour, as a noisy one would."""
+    """3 ranks; rank 1 pinned with taskset to core 0 beside a busy process pinned there. The busy
+    process must win the core: Linux groups tasks by session (autogroup) and shares a core fairly
+    between groups, and on a loaded machine the load balancer moves every other task off the busy
+    core, so rank 1's session is niced (its autogroup) to lose to the neighbour, as a noisy one
+    would. The alert must be where the rule, replayed on the logged numbers with the configured
+    threshold and windows, puts it: a streak of 1 would name it a logging step early (the rule
+    itself, thresholds and streaks on recorded numbers: tests/train/test_straggler.py)."""
     run = tmp_path / "run"
     steps = ("--set=training.steps=9", "--set=logging.interval=2", "--set=checkpoint.interval=100",
-             f"--set=launch.straggler_windows={STRAGGLER_WINDOWS}")
-    proc = subprocess.Popen([*local_command(run), *steps], cwd=REPO, env=env(), stdout=subprocess.PIPE,
+             "--set=training.global_batch=12", f"--set=launch.straggler_windows={STRAGGLER_WINDOWS}",
+             f"--set=launch.straggler_threshold={STRAGGLER_THRESHOLD}")
+    proc = subprocess.Popen([*local_command(run, nproc=3), *steps], cwd=REPO, env=env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     busy = None
     try:
@@ -96,18 +115,18 @@ def test_a_rank_whose_core_is_shared_with_a_busy_process_is_named_the_straggler(
         if proc.poll() is None:
             kill_tree(proc.pid)
     assert proc.returncode == 0, out[-3000:]
-    # named once slowest for the configured windows in a row: at logging step 4 on a quiet machine (step 1
-    # may have begun before the pin); later when a second suite beside it slows rank 0 too (CI under load)
-    first = read_alerts(run)[0]
-    assert (first["kind"], first["rank"]) == ("straggler", 1), first
-    logged = sorted(losses(run))
-    streak = logged[logged.index(first["step"]) - STRAGGLER_WINDOWS + 1:logged.index(first["step"]) + 1]
-    assert all(metrics(run)[s]["straggler/compute_max_s"] > 1.2 * metrics(run)[s]["straggler/compute_median_s"]
-               and metrics(run)[s]["straggler/slowest_rank"] == 1 for s in streak), streak
-    assert "STRAGGLER: rank 1 on" in out
-    assert metrics(run)[first["step"]]["straggler/slowest_rank"] == 1
-    assert f"slow hosts: {first['host']} (rank 1 at step" in status(run)
+    rows, logged = metrics(run), sorted(losses(run))
     assert logged == [1, 2, 4, 6, 8, 9]  # every 2 steps, and the last step whatever the interval
+    # named where the rule puts it on the logged numbers: at logging step 4 on a quiet machine (step 1
+    # may have begun before the pin); later when a second suite beside it slows the other ranks too
+    first = read_alerts(run)[0]
+    expected = first_straggler(rows, STRAGGLER_THRESHOLD, STRAGGLER_WINDOWS)
+    assert expected and expected[0] == 1, {s: rows[s] for s in logged}
+    assert (first["kind"], first["rank"], first["step"]) == ("straggler", *expected), (first, rows)
+    assert first["median_s"] == rows[first["step"]]["straggler/compute_median_s"]  # the other two's upper median
+    assert first["compute_s"] == rows[first["step"]]["straggler/compute_max_s"]
+    assert "STRAGGLER: rank 1 on" in out and f"straggler_threshold {STRAGGLER_THRESHOLD:g})" in out
+    assert f"slow hosts: {first['host']} (rank 1 at step" in status(run)
     figure = embedded_data((run / "report" / "report.html").read_text())["stragglers"]  # compute per host
     assert figure[first["host"]]["steps"] == logged
 

@@ -8,8 +8,8 @@ On a GPU the recipes train with bf16 compute and fp32 master weights and reducti
   ``_Exchange``) in bf16 has a gradient error against fp64 at most 1.5x that of plain autograd of
   the same formula in bf16, on the same (bf16) inputs;
 - a compiled lane block agrees with the eager one in bf16 within bf16 tolerance;
-- one tiny bf16 run (``bf16_run``, shared): its losses stay within 1% of the fp32 run's over the
-  same steps, its checkpoint holds fp32 master weights, resuming it from its step-2 checkpoint (as
+- one tiny bf16 run (``bf16_run``, shared): its losses stay within 0.1% of the fp32 run's over the
+  same steps (4x the gap measured), its checkpoint holds fp32 master weights, resuming it from its step-2 checkpoint (as
   after a kill -9) gives the same losses and checkpoint bit for bit, and its HF export gives the
   logits of its checkpoint.
 """
@@ -145,14 +145,15 @@ def bf16_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_bf16_run_trains_within_1_percent_of_the_fp32_run(bf16_run, tmp_path):
+def test_a_bf16_run_trains_within_0_1_percent_of_the_fp32_run(bf16_run, tmp_path):
     result = train("tiny.toml", *_sets(tmp_path, 'parallel.param_dtype="bfloat16"'))  # cpu_fp32: the default
     assert result.returncode == 0, result.stderr[-3000:]
     fp32, bf16 = losses(tmp_path / "run"), losses(bf16_run)
     assert set(fp32) == set(bf16) == set(range(1, STEPS + 1))
     assert bf16 != fp32  # bf16 did run
-    # Measured: at most 0.025% apart over these 4 steps (0.02% over 8).
-    assert all(abs(bf16[s] - fp32[s]) <= 0.01 * fp32[s] for s in fp32), (bf16, fp32)
+    # Measured: 0.0057%, 0.0253%, 0.0083%, 0.0099% apart at steps 1-4 (0.02% over 8); bf16 keeps 8 bits
+    # (0.4% a rounding), so a step computed or reduced in bf16 where fp32 is meant shows above 0.1%.
+    assert all(abs(bf16[s] - fp32[s]) <= 0.001 * fp32[s] for s in fp32), (bf16, fp32)
     assert bf16[STEPS] < bf16[1] - 0.3  # and it learns
     # Mixed precision, not bf16 weights: the master weights and moments are saved in fp32.
     saved = checkpoint_tensors(bf16_run / "checkpoints" / f"step-{STEPS}")

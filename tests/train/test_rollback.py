@@ -1,9 +1,11 @@
 """Spike rollback (train/health/rollback.py, train/callbacks/rollback.py) on CPU, with planted spikes.
 
-Steps 3 and 4 of a 6-step tiny run go NaN (one micro batch each, planted in the loss as
-tests/train/test_train.py plants one); with ``spike_rollbacks = 2`` the run rolls back, after
-step 4, to its step-2 checkpoint, skips the global samples steps 3 and 4 read (16 to 31) and
-trains steps 3 to 6 again on samples 32 to 63. The data accounting is checked against the
+Steps 4 and 5 of a 6-step tiny run go NaN (one micro batch each, planted in the loss as
+tests/train/test_train.py plants one); its checkpoints at 2, 4 and 6 straddle the spikes: the step-4
+one is saved after the first spike (its update skipped). With ``spike_rollbacks = 2`` the run rolls
+back, after step 5, to the checkpoint saved before the first spike, step 2 (not step 4: the latest
+before the last spike, or one saved at the first spike's step), skips the global samples steps 3 to
+5 read (16 to 39) and trains steps 3 to 6 again on samples 40 to 71. The data accounting is checked against the
 sources of the loader's own batches (``Mixture.batch``'s ``source`` field), not against
 ``consumed_tokens``, the function the trainer logs with.
 """
@@ -37,7 +39,7 @@ import runpy
 runpy.run_path("train.py", run_name="__main__")
 """
 
-SPIKES = (3, 4)
+SPIKES = (4, 5)
 MICRO_BATCHES = 2  # global batch 8, micro batch 4, one rank (tests.conftest.short)
 
 
@@ -55,6 +57,18 @@ def source_tokens(indices) -> dict[str, int]:
     return {s.name: int((sources == i).sum()) * 64 for i, s in enumerate(mixture.sources)}
 
 
+def test_the_checkpoint_before_is_the_latest_complete_one_saved_before_the_first_spike(tmp_path):
+    from train.health.rollback import checkpoint_before
+
+    for step in (2, 4, 6):
+        (tmp_path / f"step-{step}").mkdir()
+        (tmp_path / f"step-{step}" / ".metadata").touch()
+    (tmp_path / "step-3").mkdir()  # half-written: no .metadata
+    assert checkpoint_before(tmp_path, 4) == 2  # the step-4 checkpoint holds the first spike's step
+    assert checkpoint_before(tmp_path, 5) == 4
+    assert checkpoint_before(tmp_path, 2) is None
+
+
 @pytest.mark.slow
 def test_spikes_that_come_back_are_rolled_back_and_their_data_skipped(tmp_path):
     calls = [MICRO_BATCHES * (step - 1) + 1 for step in SPIKES]
@@ -66,28 +80,28 @@ def test_spikes_that_come_back_are_rolled_back_and_their_data_skipped(tmp_path):
     result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "run"
-    assert "ROLLBACK at step 4: 2 spikes within 100 steps (at steps 3, 4); back to the checkpoint of step 2" in (
+    assert "ROLLBACK at step 5: 2 spikes within 100 steps (at steps 4, 5); back to the checkpoint of step 2" in (
         result.stdout + result.stderr)
 
     [record] = [json.loads(line) for line in (run / "rollbacks.jsonl").read_text().splitlines()]
-    assert (record["at_step"], record["to_step"], record["spikes"]) == (4, 2, [3, 4])
-    assert record["skipped_samples"] == [16, 32]  # what steps 3 and 4 read: 8 samples a step
-    assert record["skipped_tokens"] == source_tokens(range(16, 32))
+    assert (record["at_step"], record["to_step"], record["spikes"]) == (5, 2, [4, 5])
+    assert record["skipped_samples"] == [16, 40]  # what steps 3 to 5 read: 8 samples a step
+    assert record["skipped_tokens"] == source_tokens(range(16, 40))
     checkpoints = run / "checkpoints"
-    assert (checkpoints / "step-4.rolled-back").is_dir()  # saved after the spikes: never resumed from
+    assert (checkpoints / "step-4.rolled-back").is_dir()  # saved after the first spike: never resumed from
     assert {p.name for p in checkpoints.glob("step-*")} >= {"step-2", "step-4", "step-6"}
 
     rows = metrics(run)  # a replayed step: its latest values
     assert all(math.isfinite(rows[s]["loss_metrics/global_avg_loss"]) for s in range(1, 7))
     assert rows[6]["skipped_steps"] == 0  # the guard as it was at step 2
-    # What the run logged as consumed is what it trained on: samples 0-15 and 32-63, none of 16-31.
+    # What the run logged as consumed is what it trained on: samples 0-15 and 40-71, none of 16-39.
     consumed = {k.removeprefix("data/tokens/"): v for k, v in rows[6].items() if k.startswith("data/tokens/")}
-    assert consumed == source_tokens([*range(16), *range(32, 64)])
+    assert consumed == source_tokens([*range(16), *range(40, 72)])
 
     from train.plan.data import realized_mix  # train.py --dry-run --run's mix
 
     skipped = ", ".join(f"{k} {v:,}" for k, v in record["skipped_tokens"].items())
-    assert f"rolled back at step 4 to step 2: skipped 1,024 tokens ({skipped})" in realized_mix(run, {})
+    assert f"rolled back at step 5 to step 2: skipped 1,536 tokens ({skipped})" in realized_mix(run, {})
 
     from train.report.runs import read_run  # the run report marks it (throughput and data mix figures)
 

@@ -22,7 +22,7 @@ from torchtitan.tools.logging import logger
 from train.callbacks.callback import Callback, LaneformerTrainer
 from train.health.alerts import write_alert
 from train.health.phases import Phase
-from train.health.straggler import GEMM, Streaks, gemm_seconds
+from train.health.straggler import GEMM, Streaks, gemm_seconds, others_median
 
 
 class Straggler(Callback, Configurable):
@@ -32,7 +32,7 @@ class Straggler(Callback, Configurable):
 
     @dataclass(kw_only=True, slots=True)
     class Config(Configurable.Config):
-        threshold: float = 0.2  # [launch] straggler_threshold: slower than the median by this fraction
+        threshold: float = 0.2  # [launch] straggler_threshold: slower than the others' median by this fraction
         windows: int = 5  # [launch] straggler_windows: logging steps in a row
 
     def __init__(self, config: Config, trainer: LaneformerTrainer):
@@ -68,7 +68,7 @@ class Straggler(Callback, Configurable):
         if trainer.rank0:
             self._log(trainer, compute, data)
             for rank in named:
-                self._alert(trainer, rank, compute[rank], statistics.median(compute))
+                self._alert(trainer, rank, compute[rank], others_median(compute, rank))
 
     def _log(self, trainer: LaneformerTrainer, compute: list[float], data: list[float]) -> None:
         slowest = max(range(len(compute)), key=compute.__getitem__)
@@ -83,7 +83,7 @@ class Straggler(Callback, Configurable):
     def _alert(self, trainer: LaneformerTrainer, rank: int, seconds: float, median: float) -> None:
         host, c = self.hosts[rank], self.config
         text = (f"rank {rank} on {host} is a straggler: its compute check took {seconds * 1e3:.1f} ms, "
-                f"{seconds / median - 1:.0%} over the median {median * 1e3:.1f} ms, for {c.windows} logging steps "
+                f"{seconds / median - 1:.0%} over the other ranks' median {median * 1e3:.1f} ms, for {c.windows} logging steps "
                 f"in a row (up to step {trainer.step}; [launch] straggler_threshold {c.threshold:g})")
         logger.warning(f"STRAGGLER: {text}")
         write_alert(Path(trainer.config.dump_folder), "straggler", trainer.step, text, rank=rank, host=host,

@@ -19,11 +19,20 @@ Two per-rank numbers can:
 At each logging step the ranks all-gather the two numbers over a gloo group
 (one small host collective, on the logging step only: ``train.callbacks.straggler``);
 rank 0 logs ``straggler/*`` (min, median, max, the slowest rank and its host) and
-flags a rank whose compute time exceeds the median by more than ``[launch]
-straggler_threshold`` for ``straggler_windows`` logging steps in a row: a line
+flags a rank whose compute time exceeds the median of the *other* ranks by more than
+``[launch] straggler_threshold`` for ``straggler_windows`` logging steps in a row: a line
 on stderr, an entry in ``<run>/alerts.jsonl`` (``launch.slurm status`` lists
 the hosts) and ``wandb.alert`` when wandb is online. The streaks are the same on
 every rank and are checkpointed, so a restart continues them.
+
+The reference is a leave-one-out median, the upper one for an even count of others
+(``statistics.median_high``): a rank is named when it is slower by the threshold than more than
+half of the other ranks. Not the median over all ranks: that includes the rank judged, so with 2
+ranks it is their mean and a rank must be (1 + t) / (1 - t) times slower to exceed it (never, for
+t >= 1). Not a robust spread (median absolute deviation): with a handful of ranks it is 0 or the
+noise of one rank, and it would turn a threshold people can read (20% slower) into a count of
+deviations. The upper median, not the mean of the two middle others: with 3 ranks a rank much
+faster than the other two would otherwise pull their reference down and name a normal rank.
 """
 
 from __future__ import annotations
@@ -55,20 +64,25 @@ def gemm_seconds(a: torch.Tensor, b: torch.Tensor, reps: int, chunks: int = CHUN
     return chunks * statistics.median(times)
 
 
+def others_median(compute: list[float], rank: int) -> float:
+    """The reference ``rank`` is judged against: the upper median of the other ranks' compute times."""
+    return statistics.median_high(compute[:rank] + compute[rank + 1:])
+
+
 class Streaks:
-    """Logging steps in a row that each rank's compute check exceeded the median by ``threshold``."""
+    """Logging steps in a row that each rank's compute check exceeded the others' median by ``threshold``."""
 
     def __init__(self, threshold: float, windows: int):
         self.threshold, self.windows = threshold, windows
         self.streak: dict[int, int] = {}
 
     def judge(self, compute: list[float]) -> list[int]:
-        """Count one logging step's compute times (one per rank); returns the ranks whose streak
-        reaches ``windows`` now (named once per streak)."""
-        limit = statistics.median(compute) * (1 + self.threshold)
+        """Count one logging step's compute times (one per rank, at least 2); returns the ranks whose
+        streak reaches ``windows`` now (named once per streak)."""
         named = []
         for rank, seconds in enumerate(compute):
-            self.streak[rank] = self.streak.get(rank, 0) + 1 if seconds > limit else 0
+            slow = seconds > others_median(compute, rank) * (1 + self.threshold)
+            self.streak[rank] = self.streak.get(rank, 0) + 1 if slow else 0
             if self.streak[rank] == self.windows:
                 named.append(rank)
         return named
