@@ -22,6 +22,7 @@ a ``Skip`` naming a test that does not exist.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -473,9 +474,12 @@ def work(tmp_path_factory) -> dict[str, str]:
 
 
 def run_here(line: str, work: dict) -> subprocess.CompletedProcess:
+    """As a user with the venv activated runs it: its programs (python, torchrun, tensorboard) first on PATH."""
     argv = shlex.split(line.format(**work))
     program = {"python": sys.executable, "torchrun": TORCHRUN}.get(argv[0], argv[0])
-    return subprocess.run([program, *argv[1:]], cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return subprocess.run([program, *argv[1:]], cwd=REPO, env={**env(), "PATH": path}, capture_output=True,
+                          text=True, timeout=600)
 
 
 @pytest.mark.slow
