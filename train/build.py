@@ -51,6 +51,8 @@ from train.callbacks.straggler import Straggler
 from train.recipe import Recipe, RecipeError, check_keys, check_needs, check_value, check_world, dp_degrees
 from train.health.storage import run_dir_problem
 from train.titan import GuardedOptimizers, LaneformerMetrics, MilestoneCheckpointManager
+from train.preference.pairs import PairDataLoader, PairSet
+from train.preference.trainer import PreferenceTrainer
 from train.trainer import LaneformerTrainer
 
 
@@ -140,7 +142,10 @@ def preflight(recipe: Recipe, world_size: int) -> Preflight:
                             f"{make_source_command(recipe, s)})")
     if out.config is not None and tokenizer is not None and d.sources and not missing:
         try:
-            out.mixture = check_data(recipe, out.config, tokenizer)
+            if recipe.preference.loss:
+                check_pairs(recipe, out.config, tokenizer)
+            else:
+                out.mixture = check_data(recipe, out.config, tokenizer)
         except (ValueError, OSError) as e:
             out.problems.append(f"{p}: [data] sources: {e}")
         else:
@@ -174,6 +179,20 @@ def check_data(recipe: Recipe, config: Laneformer.Config, tokenizer: Tokenizer |
     t = recipe.training
     return build_mixture(recipe.data.sources, tokenizer or Tokenizer(recipe.data.tokenizer), t.seq_len,
                          recipe.run.seed, config.vocab_size, t.steps * t.global_batch)
+
+
+def check_pairs(recipe: Recipe, config: Laneformer.Config, tokenizer: Tokenizer) -> None:
+    """A preference run's sources: every training and held-out source opens as pairs that fit seq_len,
+    and the run's pairs (steps x global batch / 2) fit in each source's ``max_epochs``."""
+    t = recipe.training
+    if recipe.preference.heldout:
+        PairSet(recipe.preference.heldout, t.seq_len, tokenizer.fingerprint, config.vocab_size)
+    pairs = PairSet([s.path for s in recipe.data.sources], t.seq_len, tokenizer.fingerprint, config.vocab_size)
+    epochs = t.steps * t.global_batch / 2 / len(pairs)
+    for s in recipe.data.sources:
+        if s.max_epochs is not None and epochs > s.max_epochs:
+            raise RecipeError(f"source {s.name!r}: the run reads {t.steps * t.global_batch // 2:,} pairs, "
+                              f"{epochs:.2f} epochs of the {len(pairs):,} pairs, over its max_epochs {s.max_epochs}")
 
 
 def check_chat_templates(recipe: Recipe) -> list[str]:
@@ -255,14 +274,19 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
     adamw = {"lr": o.lr, "betas": tuple(o.betas), "eps": o.eps}
     no_decay = "|".join(f"(?:{r})" for r in o.no_decay) or r"(?!)"
     init_path, init_hf = initial_load(recipe)
-    config = LaneformerTrainer.Config(
+    trainer_class, extra = LaneformerTrainer, {}
+    if recipe.preference.loss:  # a preference run: pairs in, the preference loss out (train.preference)
+        trainer_class, extra = preference_trainer(recipe)
+    config = trainer_class.Config(
         model_spec=spec,
         dump_folder=str(recipe.output_dir),
         # No HF assets folder: the tokenizer is the recipe's, and HF export is ours (models.laneformer.hf).
         # torchtitan's default, ./tests/assets/tokenizer, exists only in its own source tree.
         hf_assets_path="",
         tokenizer=SentencePieceTokenizer.Config(path=recipe.data.tokenizer),
-        dataloader=MixtureDataLoader.Config(
+        dataloader=PairDataLoader.Config(
+            sources=[s.path for s in recipe.data.sources], vocab_size=vocab, seed=recipe.run.seed,
+        ) if recipe.preference.loss else MixtureDataLoader.Config(
             sources=recipe.data.sources,
             vocab_size=vocab,
             seed=recipe.run.seed,
@@ -327,5 +351,14 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
         callbacks=callbacks(recipe),
         reduce_grads=p.reduce_grads,
         compile_cache=compile_cache(recipe),
+        **extra,
     )
     return adapt_config(config, fp32=p.cpu_fp32)
+
+
+def preference_trainer(recipe: Recipe) -> tuple[type, dict]:
+    """The trainer class of a preference run and its ``[preference]`` fields."""
+    pref = recipe.preference
+    _, jinja = resolve_template(recipe.data.chat_template)
+    return PreferenceTrainer, {"loss_type": pref.loss, "beta": pref.beta, "label_smoothing": pref.label_smoothing,
+                               "gamma": pref.gamma, "heldout": pref.heldout, "template_sha256": template_sha256(jinja)}
