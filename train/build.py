@@ -41,6 +41,7 @@ from train.callbacks.export import Export
 from train.callbacks.heartbeat import Heartbeat
 from train.callbacks.metrics_file import MetricsFile
 from train.callbacks.preemption import Preemption
+from train.callbacks.pref_eval import PrefEval
 from train.callbacks.progress import Progress
 from train.callbacks.replica_check import ReplicaCheck
 from train.callbacks.report import Report
@@ -256,6 +257,8 @@ def callbacks(recipe: Recipe) -> list:
         Preemption.Config(),
         Rollback.Config(spikes=t.spike_rollbacks, window=t.spike_window),
     ]
+    if recipe.preference.loss and recipe.preference.heldout:
+        made.append(PrefEval.Config(every=e.every, at_end=e.at_end))
     if c.export_hf:
         made.append(Export.Config(out_dir=c.export_dir, recipe=Path(recipe.path).name,
                                   tokenizer_dir=str(Path(d.tokenizer).parent), chat_template=d.chat_template))
