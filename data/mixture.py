@@ -69,7 +69,8 @@ class SourceSpec:
     ``subset`` (the dataset's config), ``split`` and ``revision`` (a pinned commit,
     recorded in the manifest), or ``input``, a local file, folder or glob (bundled
     data); ``text_key`` names the text column, or ``chat_key`` the message list of
-    conversations (rendered with the recipe's chat template). ``exclude`` drops rows
+    conversations (rendered with the recipe's chat template), or ``pairs`` marks
+    preference pairs (data.pairs; rendered with it too, at most ``seq_len`` a side). ``exclude`` drops rows
     whose column holds one of the listed values (``{source = ["..."]}``), at
     tokenization, and is recorded in the manifest. ``expected_tokens``: the source's
     size by its dataset card, so a dry run can size-check the plan before any data
@@ -90,6 +91,7 @@ class SourceSpec:
     input: str | None = None  # a local file, folder or glob instead of hub_id
     text_key: str = "text"
     chat_key: str | None = None
+    pairs: bool = False  # preference pairs (data.pairs): prompt/chosen/rejected rows, two documents each
     exclude: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -106,6 +108,8 @@ class SourceSpec:
             raise MixtureError(f"{where}: expected_tokens must be > 0, got {self.expected_tokens}")
         if self.hub_id and self.input:
             raise MixtureError(f"{where}: give at most one of hub_id and input")
+        if self.pairs and self.chat_key:
+            raise MixtureError(f"{where}: give pairs or chat_key, not both (pairs read prompt/chosen/rejected)")
         if (self.subset or self.revision) and not self.hub_id:
             raise MixtureError(f"{where}: subset and revision need a hub_id")
 

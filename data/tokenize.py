@@ -17,7 +17,10 @@ loader permutes documents itself, per epoch.
 Conversations: ``--chat-key messages`` reads ``[{"role", "content"}]`` lists
 instead of text, renders them with the chat template (data.chat) and also
 writes a loss mask per shard (``.ds.loss``, see data.chat_tokenize); refused
-conversations are counted in the manifest, never written. ``--exclude
+conversations are counted in the manifest, never written. ``--pairs`` reads
+preference pairs (``prompt``/``chosen``/``rejected``, see data.pairs) the same
+way: two documents a row, chosen then rejected, rows refused (and those over
+``--seq-len``) counted in the manifest's ``pairs`` entry. ``--exclude
 COLUMN=VALUE`` drops the rows whose column holds that value (e.g. a mixture's
 hard-coded identity conversations); the manifest records the rule and the
 count. A Hub dataset (or a local copy made by data.download, read through its
@@ -42,6 +45,7 @@ from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.filters.base_filter import BaseFilter
 
 from data.hf_tokenizer import PROBE_TEXTS, build_fast_tokenizer, document_post_processor
+from data.pairs import MANIFEST_KEY as PAIRS
 from data.shards import LOGS_DIR, write_manifest
 from data.tokenizer import Tokenizer
 from rundir import REPO
@@ -203,6 +207,13 @@ def empty_tokenization(out: Path, description: dict) -> EmptyTokenization:
     columns = input_columns(description)
     has = f"its rows have the columns {columns}" if columns else "see the dataset's card for its columns"
     excluded = " (or --exclude dropped every row)" if description.get("exclude") else ""
+    if description.get("pairs"):  # every row refused: say why, by reason
+        from data.chat_tokenize import logged
+
+        refused = dict(logged(out, PAIRS)[1])
+        return EmptyTokenization(f"{description.get('spec', out)}: no pairs: rows refused: {refused or 'none'}"
+                                 f"{excluded}; --pairs reads chosen/rejected message lists (and a prompt list or "
+                                 f"string); {has}. Nothing was written to {out}/manifest.json")
     return EmptyTokenization(f"{description.get('spec', out)}: no documents: {key[0]} {key[1]!r} matched no "
                              f"text{excluded}; {has}. Nothing was written to {out}/manifest.json")
 
@@ -223,6 +234,10 @@ def finish(out: Path, tokenizer: dict, description: dict, tasks: int) -> dict:
         from data.chat_tokenize import chat_summary
 
         extra["chat"] = chat_summary(out, description.get("chat_template"), description["chat_key"])
+    if description.get("pairs"):  # preference pairs: formats, template, refused rows (data.pairs_tokenize)
+        from data.pairs_tokenize import pair_summary
+
+        extra[PAIRS] = pair_summary(out, description.get("chat_template"), description.get("seq_len"))
     return write_manifest(out, tokenizer, description, extra)
 
 
@@ -231,16 +246,21 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
         limit: int = -1, streaming: bool = False, slurm: dict | None = None, manifest_only: bool = False,
         description: dict | None = None, chat_key: str | None = None,
         chat_template: str | None = None, hub: bool = False, revision: str | None = None,
-        exclude: dict[str, list[str]] | None = None) -> dict | None:
+        exclude: dict[str, list[str]] | None = None, pairs: bool = False, seq_len: int | None = None) -> dict | None:
     """Tokenize input_spec into out; returns the manifest (None when submitted to SLURM).
     ``hub``: input_spec is a ``datasets.load_dataset`` name (a Hub id, or a local dataset dir);
-    ``description``: what the manifest records as the input (default: what was read)."""
+    ``description``: what the manifest records as the input (default: what was read);
+    ``pairs``: preference pairs (data.pairs), refusing a pair with a side over ``seq_len`` tokens."""
+    if pairs and chat_key:
+        raise ValueError("give --pairs or --chat-key, not both (pairs are read from prompt/chosen/rejected)")
     out = Path(out).resolve()
     source = {"kind": "hub", "dataset": input_spec, "split": split, "subset": subset, "revision": revision} \
         if hub or revision else describe_input(input_spec, split, subset)
     desc = description or {**source, "text_key": text_key, "spec": input_spec}
     if chat_key:
         desc = {**desc, "chat_key": chat_key, "chat_template": chat_template}
+    if pairs:
+        desc = {**desc, "pairs": True, "chat_template": chat_template, "seq_len": seq_len}
     if exclude:
         desc = {**desc, "exclude": exclude}
     if manifest_only:
@@ -253,6 +273,11 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
 
         pipeline = [make_reader(source, chat_key, limit, streaming, adapter=chat_adapter),
                     ChatTokenizer(str(out), str(tok_json), str(sp.path), chat_template, BATCH_SIZE)]
+    elif pairs:  # preference pairs: two documents a row (data.pairs_tokenize)
+        from data.pairs_tokenize import PairTokenizer, pair_adapter
+
+        pipeline = [make_reader(source, "chosen", limit, streaming, adapter=pair_adapter),
+                    PairTokenizer(str(out), str(tok_json), str(sp.path), chat_template, BATCH_SIZE, seq_len)]
     else:
         pipeline = [make_reader(source, text_key, limit, streaming), tokenizer_step(tok_json, out, sp)]
     if exclude:
@@ -321,6 +346,9 @@ def run_and_report(a: argparse.Namespace, p: argparse.ArgumentParser, **kwargs) 
               f"in {len(manifest['shards'])} shards")
         if "chat" in manifest:
             print(f"conversations refused (not trained on): {manifest['chat']['rejected'] or 'none'}")
+        if PAIRS in manifest:
+            print(f"{manifest[PAIRS]['pairs']} pairs {manifest[PAIRS]['format']}; rows refused (not trained on): "
+                  f"{manifest[PAIRS]['rejected'] or 'none'}")
         if "excluded_rows" in manifest:
             print(f"rows excluded by {manifest['input']['exclude']}: {manifest['excluded_rows']}")
     else:
@@ -336,6 +364,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--text-key", default="text")
     p.add_argument("--chat-key", help="conversations: the key of the [{role, content}] list (writes a loss mask)")
     p.add_argument("--chat-template", help="data.chat template name, .jinja file or HF folder (default: llama2)")
+    p.add_argument("--pairs", action="store_true", help="preference pairs: prompt/chosen/rejected (data.pairs)")
+    p.add_argument("--seq-len", type=int, help="--pairs: refuse a pair with a side longer than this many tokens")
     p.add_argument("--split", default="train", help="hub datasets: split")
     p.add_argument("--subset", default=None, help="hub datasets: config name")
     p.add_argument("--revision", default=None, help="hub datasets: a commit to read (recorded in the manifest)")
@@ -343,10 +373,14 @@ def main(argv: list[str] | None = None) -> None:
                    help="drop rows whose COLUMN holds VALUE (repeatable)")
     add_run_options(p)
     a = p.parse_args(argv)
+    if a.pairs and a.chat_key:
+        p.error("give --pairs or --chat-key, not both (pairs are read from prompt/chosen/rejected)")
+    if a.seq_len is not None and not a.pairs:
+        p.error("--seq-len is for --pairs")
     try:
         run_and_report(a, p, input_spec=a.input, tokenizer=a.tokenizer, text_key=a.text_key, split=a.split,
                        subset=a.subset, revision=a.revision, chat_key=a.chat_key, chat_template=a.chat_template,
-                       exclude=parse_exclude(a.exclude, p))
+                       exclude=parse_exclude(a.exclude, p), pairs=a.pairs, seq_len=a.seq_len)
     except (EmptyTokenization, FileNotFoundError) as e:
         p.exit(2, f"error: {e}\n")
 

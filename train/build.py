@@ -29,6 +29,7 @@ from rundir import writable
 from data.chat import resolve_template, template_sha256
 from data.loader import MixtureDataLoader, SentencePieceTokenizer, build_mixture
 from data.mixture import Mixture
+from data.pairs import MANIFEST_KEY as PAIRS
 from data.shards import MANIFEST, load_manifest
 from data.tokenizer import Tokenizer, check_sha256, how_to_get
 from eval.suite import check_inputs
@@ -171,6 +172,8 @@ def make_source_command(recipe: Recipe, source) -> str:
     if source.hub_id or source.input:
         return f"python -m train.data tokenize --recipe {recipe.path} --source {source.name}"
     key = f"--chat-key {source.chat_key}" if source.chat_key else f"--text-key {source.text_key or 'text'}"
+    if source.pairs:
+        key = f"--pairs --seq-len {recipe.training.seq_len}"
     return (f"python -m data.tokenize --input <your jsonl/parquet files> {key} "
             f"--tokenizer {recipe.data.tokenizer} --out {source.path}")
 
@@ -197,29 +200,35 @@ def check_pairs(recipe: Recipe, config: Laneformer.Config, tokenizer: Tokenizer)
 
 
 def check_chat_templates(recipe: Recipe) -> list[str]:
-    """Problems of chat sources (training and held-out) against the run's template: a manifest that
-    records another template (trained on one, exported with another), or a ``chat_key`` source
-    tokenized as plain text."""
+    """Problems of chat and pair sources (training and held-out) against the run's template: a manifest
+    that records another template (trained on one, exported with another), a ``chat_key`` source
+    tokenized as plain text, or a ``pairs`` source not tokenized as pairs (and the reverse)."""
     p, d = recipe.path, recipe.data
     name, jinja = resolve_template(d.chat_template)
     sha = template_sha256(jinja)
-    where = [(f"[data.sources[{i}]]", s.name, s.path, s.chat_key) for i, s in enumerate(d.sources)]
-    where += [(f"[eval] val_sources[{i}]", Path(v).name, v, None) for i, v in enumerate(recipe.eval.val_sources)]
+    where = [(f"[data.sources[{i}]]", s.name, s.path, s.chat_key, s.pairs) for i, s in enumerate(d.sources)]
+    where += [(f"[eval] val_sources[{i}]", Path(v).name, v, None, None) for i, v in enumerate(recipe.eval.val_sources)]
     problems = []
-    for table, source, path, chat_key in where:
+    for table, source, path, chat_key, pairs in where:
         manifest = Path(path) / MANIFEST
         try:
-            chat = load_manifest(path).get("chat")
+            entries = load_manifest(path)
         except ValueError:
             continue  # a missing or unreadable manifest is reported by the checks that open the source
+        key = PAIRS if PAIRS in entries else "chat"  # pair sources record their template as chat ones do
+        chat = entries.get(key)
+        retokenize = f"retokenize it with python -m train.data tokenize --recipe {p} --source {source}"
         if chat_key and chat is None:
             problems.append(f"{p}: {table} chat_key: source {source!r} is conversations, but {manifest} has no "
-                            "'chat' entry (tokenized as plain text?); retokenize it with "
-                            f"python -m data.tokenize --recipe {p} --source {source}")
+                            f"'chat' entry (tokenized as plain text?); {retokenize}")
+        elif pairs is not None and pairs != (key == PAIRS):
+            problems.append(f"{p}: {table} pairs: source {source!r} is {'' if pairs else 'not '}preference pairs, "
+                            f"but {manifest} has {'no' if pairs else 'a'} 'pairs' entry; "
+                            + (retokenize if pairs else "set pairs = true"))
         elif chat is not None and chat.get("template_sha256") != sha:
             problems.append(
                 f"{p}: [data] chat_template: the run's template {name} (sha256 {sha[:12]}…) is not the one "
-                f"source {source!r} was tokenized with: {manifest} records chat.template "
+                f"source {source!r} was tokenized with: {manifest} records {key}.template "
                 f"{chat.get('template')!r} (sha256 {str(chat.get('template_sha256'))[:12]}…). Set "
                 "[data] chat_template to that template, or retokenize the source with this one")
     return problems

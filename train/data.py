@@ -5,7 +5,7 @@
     python -m train.data verify --recipe phase1
 
 The recipe says everything (``[[data.sources]]``: hub_id, subset, split,
-revision, text_key or chat_key, exclude; ``[data] root`` and tokenizer), so the
+revision, text_key, chat_key or pairs, exclude; ``[data] root`` and tokenizer), so the
 commands take only its name. The data layer (data.download, data.tokenize,
 data.verify) does the work and knows nothing of recipes; this module reads the
 recipe and hands it the values.
@@ -63,8 +63,9 @@ def tokenize_kwargs(recipe: R.Recipe, src: SourceSpec) -> dict:
     """data.tokenize.run's arguments for a recipe source: its local copy if downloaded, else the Hub
     (or its bundled ``input``); the manifest records hub id, subset, split and revision either way."""
     common = dict(tokenizer=recipe.data.tokenizer, text_key=src.text_key, split=src.split, subset=src.subset,
-                  chat_key=src.chat_key, chat_template=recipe.data.chat_template if src.chat_key else None,
-                  exclude=src.exclude or None)
+                  chat_key=src.chat_key, chat_template=recipe.data.chat_template if src.chat_key or src.pairs else None,
+                  exclude=src.exclude or None, pairs=src.pairs,
+                  seq_len=recipe.training.seq_len if src.pairs else None)  # a pair over seq_len is refused
     if src.input:
         return dict(input_spec=src.input, **common)
     _needs_hub_id(recipe, src, "tokenize")
