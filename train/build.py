@@ -146,6 +146,10 @@ def preflight(recipe: Recipe, world_size: int) -> Preflight:
         try:
             if recipe.preference.loss:
                 check_pairs(recipe, out.config, tokenizer)
+            elif paired := [s.name for s in d.sources if s.pairs]:
+                out.problems.append(f"{p}: [preference] loss: source(s) {paired} are preference pairs: a run on "
+                                    "them needs a preference loss (dpo, dpo_norm or simpo), else it would train "
+                                    "on the rejected answers too")
             else:
                 out.mixture = check_data(recipe, out.config, tokenizer)
         except (ValueError, OSError) as e:
@@ -189,6 +193,9 @@ def check_pairs(recipe: Recipe, config: Laneformer.Config, tokenizer: Tokenizer)
     """A preference run's sources: every training and held-out source opens as pairs that fit seq_len,
     and the run's pairs (steps x global batch / 2) fit in each source's ``max_epochs``."""
     t = recipe.training
+    if plain := [s.name for s in recipe.data.sources if not s.pairs]:
+        raise RecipeError(f"source(s) {plain}: a preference run trains on pairs only (set pairs = true on a "
+                          "pair source)")
     if recipe.preference.heldout:
         PairSet(recipe.preference.heldout, t.seq_len, tokenizer.fingerprint, config.vocab_size)
     pairs = PairSet([s.path for s in recipe.data.sources], t.seq_len, tokenizer.fingerprint, config.vocab_size)
@@ -208,6 +215,7 @@ def check_chat_templates(recipe: Recipe) -> list[str]:
     sha = template_sha256(jinja)
     where = [(f"[data.sources[{i}]]", s.name, s.path, s.chat_key, s.pairs) for i, s in enumerate(d.sources)]
     where += [(f"[eval] val_sources[{i}]", Path(v).name, v, None, None) for i, v in enumerate(recipe.eval.val_sources)]
+    where += [(f"[preference] heldout[{i}]", Path(v).name, v, None, True) for i, v in enumerate(recipe.preference.heldout)]
     problems = []
     for table, source, path, chat_key, pairs in where:
         manifest = Path(path) / MANIFEST

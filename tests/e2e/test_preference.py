@@ -29,6 +29,7 @@ from train.preference.pairs import PairSet
 pytestmark = pytest.mark.slow
 
 STEPS = 6
+REUSED, COMPUTED = "pairs: reusing", "pairs: computing"  # what the trainer logs of each cache
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +43,8 @@ def inputs(tmp_path_factory):
 
 def sets(inputs, run, *extra):
     # 4 pairs a step: 1 pair a micro batch, on 1 rank 4 accumulated, on 4 ranks one each
-    return (f"run.output_dir={run}", f'data.sources=[{{name = "pairs", path = "{inputs["train"]}", weight = 1.0, '
-            'max_epochs = 100}]', f'preference.heldout=["{inputs["heldout"]}"]', f"checkpoint.init_from={inputs['base']}",
+    return (f"run.output_dir={run}", f'data.sources=[{{name = "pairs", path = "{inputs["train"]}", pairs = true, '
+            'weight = 1.0, max_epochs = 100}]', f'preference.heldout=["{inputs["heldout"]}"]', f"checkpoint.init_from={inputs['base']}",
             f"training.steps={STEPS}", "training.seq_len=64", "training.global_batch=8", "training.micro_batch=2",
             "schedule.warmup_steps=1", "schedule.decay_fraction=0.5", "logging.interval=1", "checkpoint.interval=3",
             "checkpoint.keep_last=10", "eval.every=3", "run.deterministic=true", "logging.tensorboard=false", *extra)
@@ -99,7 +100,7 @@ def test_one_rank_ln2_cache_kill_and_resume_beta_and_loss_type(inputs, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout + result.stderr
     assert "Training starts at step 4" in out
-    assert out.count("reusing") == 2 and "computing" not in out  # train and held-out: not recomputed
+    assert out.count(REUSED) == 2 and COMPUTED not in out  # train and held-out: not recomputed
     after = pref(run)
     for step in (4, 5):
         assert {k: v for k, v in after[step].items() if k in STEP_METRICS} == \
@@ -109,7 +110,7 @@ def test_one_rank_ln2_cache_kill_and_resume_beta_and_loss_type(inputs, tmp_path)
     # beta is not in the cache's key: a longer run with another beta reuses the files.
     result = train("tiny-dpo.toml", *sets(inputs, run, f"training.steps={STEPS + 1}", "preference.beta=0.5"))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (result.stdout + result.stderr).count("reusing") == 2 and len(caches(run)) == 2
+    assert (result.stdout + result.stderr).count(REUSED) == 2 and len(caches(run)) == 2
 
     # Another loss type (mean log-probs): another key, computed before step 1 of a run with the files beside it.
     other = tmp_path / "other"
@@ -117,7 +118,7 @@ def test_one_rank_ln2_cache_kill_and_resume_beta_and_loss_type(inputs, tmp_path)
     result = train("tiny-dpo.toml", *sets(inputs, other, 'preference.loss="dpo_norm"', "training.steps=1",
                                           "eval.at_end=false"))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "computing" in result.stdout + result.stderr
+    assert (result.stdout + result.stderr).count(COMPUTED) == 2  # train and held-out
     assert len(list((other / rundir.REFERENCE_LOGPS_DIR).glob("train-*.npy"))) == 2
     assert abs(pref(other)[1]["pref/loss"] - math.log(2)) < 1e-6
 

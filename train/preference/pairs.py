@@ -32,6 +32,7 @@ from torchtitan.components.dataloader import BaseDataLoader
 
 from data.loader import SentencePieceTokenizer
 from data.mixture import IGNORE_INDEX
+from data.pairs import MANIFEST_KEY
 from data.shards import MANIFEST, ShardError, TokenizedSource, open_source
 
 PAIR_IDS = "pair_ids"  # the batch's key for its pairs' ids (taken out before the model's forward)
@@ -52,8 +53,8 @@ class PairSet:
         for s, path in enumerate(self.paths):
             source = open_source(path, expected_fingerprint=fingerprint, expected_vocab_size=vocab_size)
             manifest = Path(path) / MANIFEST
-            if "pairs" not in source.manifest:
-                raise PairError(f"{manifest}: no 'pairs' entry: not a pair source (tokenize it with "
+            if MANIFEST_KEY not in source.manifest:
+                raise PairError(f"{manifest}: no '{MANIFEST_KEY}' entry: not a pair source (tokenize it with "
                                 "`python -m data.tokenize --pairs`)")
             if not source.manifest.get("loss_mask"):
                 raise PairError(f"{manifest}: a pair source needs loss masks (the answers' tokens)")
