@@ -189,21 +189,24 @@ def check_data(recipe: Recipe, config: Laneformer.Config, tokenizer: Tokenizer |
                          recipe.run.seed, config.vocab_size, t.steps * t.global_batch)
 
 
-def check_pairs(recipe: Recipe, config: Laneformer.Config, tokenizer: Tokenizer) -> None:
+def check_pairs(recipe: Recipe, config: Laneformer.Config, tokenizer: Tokenizer | None = None) -> str:
     """A preference run's sources: every training and held-out source opens as pairs that fit seq_len,
-    and the run's pairs (steps x global batch / 2) fit in each source's ``max_epochs``."""
+    and the run's pairs (steps x global batch / 2) fit in each source's ``max_epochs``. Returns what
+    was found, for the dry run."""
     t = recipe.training
+    tokenizer = tokenizer or Tokenizer(recipe.data.tokenizer)
     if plain := [s.name for s in recipe.data.sources if not s.pairs]:
         raise RecipeError(f"source(s) {plain}: a preference run trains on pairs only (set pairs = true on a "
                           "pair source)")
-    if recipe.preference.heldout:
-        PairSet(recipe.preference.heldout, t.seq_len, tokenizer.fingerprint, config.vocab_size)
+    heldout = (PairSet(recipe.preference.heldout, t.seq_len, tokenizer.fingerprint, config.vocab_size)
+               if recipe.preference.heldout else [])
     pairs = PairSet([s.path for s in recipe.data.sources], t.seq_len, tokenizer.fingerprint, config.vocab_size)
     epochs = t.steps * t.global_batch / 2 / len(pairs)
     for s in recipe.data.sources:
         if s.max_epochs is not None and epochs > s.max_epochs:
             raise RecipeError(f"source {s.name!r}: the run reads {t.steps * t.global_batch // 2:,} pairs, "
                               f"{epochs:.2f} epochs of the {len(pairs):,} pairs, over its max_epochs {s.max_epochs}")
+    return (f"pairs on this machine: {len(pairs):,} ({epochs:.2f} epochs), held out: {len(heldout):,}")
 
 
 def check_chat_templates(recipe: Recipe) -> list[str]:

@@ -574,6 +574,10 @@ def check_needs(recipe: Recipe) -> list[str]:
     """Sources whose expected size (``expected_tokens``, by the dataset card) cannot give the planned
     tokens within ``max_epochs``: known before anything is downloaded or tokenized."""
     t, p = recipe.training, recipe.path
+    if recipe.preference.loss:  # sized in pairs, not tokens
+        from train.preference.plan import size_lines
+
+        return size_lines(recipe)[1]
     try:
         rows = needs(recipe.data.sources, t.seq_len, t.steps * t.global_batch)
     except MixtureError as e:

@@ -23,7 +23,7 @@ from rundir import REPO
 from tests.conftest import env, kill_tree, tiny_random_model, train, train_command
 from tests.train.pair_sources import write_pair_source
 from train.preference import reference
-from train.preference.loss import EVAL_ACCURACY, EVAL_LOSS, STEP_METRICS
+from train.preference.metrics import EVAL_ACCURACY, EVAL_LOSS, STEP_METRICS
 from train.preference.pairs import PairSet
 
 pytestmark = pytest.mark.slow

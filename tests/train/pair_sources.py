@@ -8,12 +8,14 @@ from pathlib import Path
 
 import numpy as np
 
+from data.chat import resolve_template, template_sha256
+from data.pairs import MANIFEST_KEY
 from data.shards import write_manifest, write_shard
 from data.tokenizer import TINY_TOKENIZER, Tokenizer
 
 
 def write_pair_source(directory: Path, pairs: int, seed: int = 0, shards: int = 2) -> Path:
-    tok = Tokenizer()
+    tok, (name, jinja) = Tokenizer(), resolve_template("llama2")  # the template the manifest records
     rng = np.random.default_rng(seed)
     docs, masks = [], []
     for _ in range(pairs):
@@ -28,5 +30,6 @@ def write_pair_source(directory: Path, pairs: int, seed: int = 0, shards: int = 
         write_shard(directory / f"{k:05d}_unshuffled.ds", docs[a:b], loss=masks[a:b])
     write_manifest(directory, {"path": str(TINY_TOKENIZER), "fingerprint": tok.fingerprint,
                                "vocab_size": tok.vocab_size, "bos_id": tok.bos_id, "eos_id": tok.eos_id},
-                   {"kind": "test"}, extra={"pairs": {"format": "test", "pairs": pairs}})
+                   {"kind": "test"}, extra={MANIFEST_KEY: {"pairs": pairs, "template": name,
+                                                           "template_sha256": template_sha256(jinja)}})
     return directory

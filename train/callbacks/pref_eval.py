@@ -22,7 +22,8 @@ from torchtitan.tools.logging import logger
 import rundir
 from train.callbacks.callback import Callback, LaneformerTrainer
 from train.health.phases import Phase
-from train.preference.loss import EVAL_ACCURACY, EVAL_LOSS, NEEDS_REFERENCE, preference_loss
+from train.preference.loss import NEEDS_REFERENCE, preference_loss
+from train.preference.metrics import EVAL_ACCURACY, EVAL_LOSS
 from train.preference.reference import pair_logps
 
 

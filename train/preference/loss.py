@@ -22,24 +22,12 @@ import torch
 import torch.nn.functional as F
 
 from data.mixture import IGNORE_INDEX
+from train.preference.metrics import STEP_METRICS
 
 LOSSES = ("dpo", "dpo_norm", "simpo")
 NEEDS_REFERENCE = {"dpo": True, "dpo_norm": True, "simpo": False}
 AVERAGED = {"dpo": False, "dpo_norm": True, "simpo": True}  # mean over answer tokens, else the sum
 
-# The metrics of a preference run, logged at every logging step (train.preference.trainer); the
-# held-out ones by train.callbacks.pref_eval. Defined here once.
-LOSS = "pref/loss"
-LOGPS_CHOSEN = "pref/logps_chosen"
-LOGPS_REJECTED = "pref/logps_rejected"
-REWARDS_CHOSEN = "pref/rewards_chosen"
-REWARDS_REJECTED = "pref/rewards_rejected"
-REWARDS_ACCURACY = "pref/rewards_accuracy"
-REWARDS_MARGIN = "pref/rewards_margin"
-STEP_METRICS = (LOSS, LOGPS_CHOSEN, LOGPS_REJECTED, REWARDS_CHOSEN, REWARDS_REJECTED, REWARDS_ACCURACY,
-                REWARDS_MARGIN)
-EVAL_LOSS = "eval/pref_loss"
-EVAL_ACCURACY = "eval/pref_accuracy"
 
 
 def sequence_logps(logits: torch.Tensor, labels: torch.Tensor, average: bool) -> torch.Tensor:

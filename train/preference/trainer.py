@@ -29,7 +29,8 @@ from torchtitan.tools.logging import logger
 
 from train.health.phases import Phase
 from train.preference import reference
-from train.preference.loss import AVERAGED, NEEDS_REFERENCE, STEP_METRICS, pair_sums, preference_loss, sequence_logps
+from train.preference.loss import AVERAGED, NEEDS_REFERENCE, pair_sums, preference_loss, sequence_logps
+from train.preference.metrics import STEP_METRICS
 from train.preference.pairs import PAIR_IDS, PairSet
 from train.trainer import LaneformerTrainer
 
