@@ -165,3 +165,24 @@ def test_reference_pass_in_chunks_equals_one_forward_per_pair(sources):
             logits = model(torch.from_numpy(rows["input_ids"]), positions=torch.from_numpy(rows["positions"]))
         alone = sequence_logps(logits, torch.from_numpy(rows["labels"]), average=False)
         assert chunked[p].tolist() == pytest.approx(alone.tolist(), rel=1e-5)
+
+
+def test_preflight_a_preference_run_reads_pair_sources_only_and_pairs_need_a_preference_loss(sources, tmp_path):
+    from tests.conftest import repeated_batch_source
+    from train import recipe as R
+    from train.build import preflight
+
+    plain = repeated_batch_source(tmp_path / "plain", tokens=20)
+    both = (f'data.sources=[{{name = "plain", path = "{plain}", weight = 1.0}}, '
+            f'{{name = "pairs", path = "{sources[0]}", pairs = true, weight = 1.0, max_epochs = 100}}]')
+    recipe = R.load("tiny-dpo.toml", [f"run.output_dir={tmp_path / 'run'}", both])
+    problems = "\n".join(preflight(recipe, 1).problems)
+    assert "source(s) ['plain']: a preference run trains on pairs only" in problems
+    recipe = R.load("tiny-sft.toml", [f"run.output_dir={tmp_path / 'sft'}", both])
+    problems = "\n".join(preflight(recipe, 1).problems)
+    assert "[preference] loss: source(s) ['pairs'] are preference pairs: a run on them needs a preference loss" \
+        in problems
+    few = (f'data.sources=[{{name = "pairs", path = "{sources[0]}", pairs = true, weight = 1.0, max_epochs = 1}}]')
+    recipe = R.load("tiny-dpo.toml", [f"run.output_dir={tmp_path / 'run'}", few, "preference.heldout=[]"])
+    problems = "\n".join(preflight(recipe, 1).problems)  # 60 steps x 8 pairs of 10
+    assert "source 'pairs': the run reads 480 pairs, 48.00 epochs of the 10 pairs, over its max_epochs 1" in problems
