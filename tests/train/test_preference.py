@@ -107,9 +107,9 @@ def test_pair_loader_visits_each_pair_once_an_epoch_splits_ranks_and_resumes(sou
     seen = np.concatenate([next(one)["pair_ids"] for _ in range(13)])  # 26 pairs: two epochs
     assert sorted(seen[:13]) == list(range(13)) and sorted(seen[13:]) == list(range(13))
     assert seen[:13].tolist() != seen[13:].tolist()  # another order each epoch
-    ranks = [PairLoader(pairs, local_batch_size=2, seed=7, rank=r, world_size=2) for r in range(2)]
-    split = np.concatenate([np.concatenate([next(r)["pair_ids"] for r in ranks]) for _ in range(13)])
-    assert split.tolist() == seen.tolist()  # rank r of W reads pairs next + r x k + j
+    ranks = [PairLoader(pairs, local_batch_size=4, seed=7, rank=r, world_size=2) for r in range(2)]
+    split = np.concatenate([np.concatenate([next(r)["pair_ids"] for r in ranks]) for _ in range(6)])
+    assert split.tolist() == seen[:24].tolist()  # rank r of W reads pairs next + r x k + j (k = 2 here)
     resumed = PairLoader(pairs, local_batch_size=4, seed=7)
     resumed.load_state_dict({**one.state_dict(), "next_index": 2 * 6})
     again = PairLoader(pairs, local_batch_size=4, seed=7)
