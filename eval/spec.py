@@ -28,7 +28,7 @@ class EvalSpec:
     # Validation loss / bits per byte on held-out tokenized dirs: scored by the trainer
     # (train.callbacks.eval), which has the data pipeline; run_evals leaves them alone.
     val_sources: list[str] = field(default_factory=list)
-    val_samples: int = 64
+    val_samples: int = 64  # sequences scored per held-out set (rounded up to whole batches)
     core_bundle: str | None = None  # a DCLM CORE bundle folder
     core_max_per_task: int | None = None  # None: every item
     core_tasks: list[str] | None = None  # CORE labels to score (the rest count as missing); None: all
@@ -39,7 +39,7 @@ class EvalSpec:
     humaneval_samples: int = 1  # samples per problem
     humaneval_temperature: float = 0.0  # 0: greedy
     humaneval_max_new_tokens: int | None = None  # None: HumanEval's own (eval.humaneval)
-    evalplus: str | None = None  # "humaneval", "mbpp" or "humaneval,mbpp": EvalPlus greedy pass@1
+    evalplus: str | None = None  # "humaneval", "mbpp" or "humaneval,mbpp": EvalPlus pass@k (greedy: pass@1)
     # A folder holding HumanEvalPlus.jsonl(.gz) / MbppPlus.jsonl(.gz), or one release file per
     # dataset, comma-separated, in order; None: EvalPlus's cache or download.
     evalplus_data: str | None = None
@@ -48,15 +48,28 @@ class EvalSpec:
     evalplus_max_new_tokens: int | None = None  # None: EvalPlus's own (eval.evalplus.MAX_NEW_TOKENS)
     # HumanEval/32: upstream's fix, or evalplus 0.3.1 as released (fails every find_zero solution)
     evalplus_find_zero: Literal["fixed", "released"] = "fixed"
+    # pass@N: answers a task, drawn at this temperature (0: one greedy answer) with this nucleus (0.95: as
+    # EvalPlus's providers sample, evalplus/provider/hf.py and vllm.py), seeded per task; eval.evalplus.pass_ks
+    evalplus_samples: int = 1
+    evalplus_temperature: float = 0.0
+    evalplus_top_p: float = 0.95
+    evalplus_seed: int = 0
 
     def __post_init__(self):
         for name in ("val_samples", "core_max_per_task", "lm_eval_limit", "humaneval_limit", "humaneval_samples",
-                     "humaneval_max_new_tokens", "evalplus_limit", "evalplus_max_new_tokens"):
+                     "humaneval_max_new_tokens", "evalplus_limit", "evalplus_max_new_tokens", "evalplus_samples"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise EvalSpecError(f"{name}: must be > 0 (got {value})")
         if self.humaneval_temperature < 0:
             raise EvalSpecError(f"humaneval_temperature: must be >= 0 (got {self.humaneval_temperature})")
+        if self.evalplus_temperature < 0:
+            raise EvalSpecError(f"evalplus_temperature: must be >= 0 (got {self.evalplus_temperature})")
+        if not 0 < self.evalplus_top_p <= 1:
+            raise EvalSpecError(f"evalplus_top_p: must be in (0, 1] (got {self.evalplus_top_p})")
+        if self.evalplus and self.evalplus_samples > 1 and self.evalplus_temperature == 0:
+            raise EvalSpecError(f"evalplus_samples: {self.evalplus_samples} answers a task at evalplus_temperature 0 "
+                                "would all be the greedy one: set evalplus_temperature > 0 (or one sample)")
         if self.evalplus_find_zero not in ("fixed", "released"):
             raise EvalSpecError(f"evalplus_find_zero: {self.evalplus_find_zero!r} is not 'fixed' or 'released'")
         if self.evalplus is not None:

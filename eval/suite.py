@@ -80,7 +80,9 @@ def run_evals(model_fn, tokenizer, spec: EvalSpec, *, max_seq_len: int, device: 
         report.evalplus = [
             evaluate_evalplus(model_fn, tokenizer, d, max_seq_len=max_seq_len, device=device, tasks=tasks,
                               chat=spec.evalplus_chat, chat_template=chat_template,
-                              find_zero=spec.evalplus_find_zero, **length)
+                              find_zero=spec.evalplus_find_zero, samples=spec.evalplus_samples,
+                              temperature=spec.evalplus_temperature, top_p=spec.evalplus_top_p, seed=spec.evalplus_seed,
+                              **length)
             for d, tasks in zip(datasets, evalplus_tasks)]
     return report
 

@@ -98,8 +98,15 @@ COMMANDS: dict[str, Here | str] = {
         Here("python -m data.tokenize --input assets/chat/conversations.jsonl --chat-key messages "
              "--tokenizer assets/tokenizer/tokenizer.model --out {tmp}/chat", says="conversations refused"),
     "python -m train.data verify --recipe phase1": Here("python -m train.data verify --recipe tiny", says="ok "),
+    "python -m train.data holdout --recipe phase1 [--source web-high]":
+        Here("python -m train.data holdout --recipe tiny", says="held out (holdout 0.1)"),  # split already: unchanged
+    "python -m data.holdout DIR --holdout 0.0001":
+        Here("python -m data.holdout assets/sample_data/code --holdout 0.1", says="held out (holdout 0.1)"),
     "python -m data.verify DIR...": Here("python -m data.verify assets/sample_data/prose assets/sample_data/code",
                                          says="ok "),
+    "python -m data.decontaminate report DIR... --benchmarks humaneval,mbpp[,core] --evalplus-data DIR "
+    "[--core-bundle DIR]": Here("python -m data.decontaminate report assets/sample_data/prose --benchmarks core "
+                                "--core-bundle {bundle}", says="core: 0 overlapping"),
     "python -m models.laneformer.convert to-hf runs/NAME OUT": Here("python -m models.laneformer.convert to-hf "
                                                                     "{run} {tmp}/hf"),
     "python -m models.laneformer.convert from-hf HF_DIR OUT": Here("python -m models.laneformer.convert from-hf "

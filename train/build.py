@@ -29,8 +29,9 @@ from rundir import writable
 from data.chat import resolve_template, template_sha256
 from data.loader import MixtureDataLoader, SentencePieceTokenizer, build_mixture
 from data.mixture import Mixture
+from data.holdout import held_out_dir, recorded_holdout
 from data.pairs import MANIFEST_KEY as PAIRS
-from data.shards import MANIFEST, load_manifest
+from data.shards import MANIFEST, load_manifest, open_source
 from data.tokenizer import Tokenizer, check_sha256, how_to_get
 from eval.suite import check_inputs
 from models.laneformer import NATIVE_FIELDS, Laneformer, laneformer_configs, model_registry
@@ -50,7 +51,8 @@ from train.callbacks.rollback import Rollback
 from train.callbacks.source_tokens import SourceTokens
 from train.callbacks.spike_guard import SpikeGuard
 from train.callbacks.straggler import Straggler
-from train.recipe import Recipe, RecipeError, check_keys, check_needs, check_value, check_world, dp_degrees
+from train.recipe import (Recipe, RecipeError, check_keys, check_needs, check_value, check_world, dp_degrees,
+                          validation_sets)
 from train.health.storage import run_dir_problem
 from train.titan import GuardedOptimizers, LaneformerMetrics, MilestoneCheckpointManager
 from train.preference.pairs import PairDataLoader, PairSet
@@ -156,6 +158,8 @@ def preflight(recipe: Recipe, world_size: int) -> Preflight:
             out.problems.append(f"{p}: [data] sources: {e}")
         else:
             out.problems += check_chat_templates(recipe)
+    if tokenizer is not None:
+        out.problems += check_held_out(recipe, tokenizer)
     if not writable(recipe.output_dir):
         out.problems.append(f"{p}: [run] output_dir: {recipe.output_dir} is not writable")
     elif out.config is not None:
@@ -209,6 +213,34 @@ def check_pairs(recipe: Recipe, config: Laneformer.Config, tokenizer: Tokenizer 
     return (f"pairs on this machine: {len(pairs):,} ({epochs:.2f} epochs), held out: {len(heldout):,}")
 
 
+def check_held_out(recipe: Recipe, tokenizer: Tokenizer) -> list[str]:
+    """Problems of the held-out sets the run validates on: a source with a ``holdout`` whose documents
+    were not split off (the command that splits them, without re-tokenizing), or split with another
+    setting, or whose held-out set cannot be read with the run's tokenizer."""
+    p, problems = recipe.path, []
+    try:
+        validation_sets(recipe)
+    except RecipeError as e:
+        problems.append(str(e))
+    for i, s in enumerate(recipe.data.sources):
+        if not s.holdout or not Path(s.path).is_dir():
+            continue  # a missing source is reported with the command that makes it (and holds out)
+        where, held = f"{p}: [data.sources[{i}]] holdout: source {s.name!r}", held_out_dir(s.path)
+        try:
+            entry = recorded_holdout(s.path)
+            if entry is None:
+                problems.append(f"{where} has no held-out set ({held}); split it off without re-tokenizing: "
+                                f"python -m train.data holdout --recipe {p} --source {s.name}")
+            elif entry["holdout"] != s.holdout:
+                problems.append(f"{where} is {s.holdout!r}, but {held / MANIFEST} records holdout {entry['holdout']!r}: "
+                                "give that, or tokenize the source again")
+            else:
+                open_source(held, tokenizer.fingerprint, tokenizer.vocab_size)
+        except ValueError as e:  # ShardError: an unreadable held-out set
+            problems.append(f"{where}: {e}")
+    return problems
+
+
 def check_chat_templates(recipe: Recipe) -> list[str]:
     """Problems of chat and pair sources (training and held-out) against the run's template: a manifest
     that records another template (trained on one, exported with another), a ``chat_key`` source
@@ -219,6 +251,8 @@ def check_chat_templates(recipe: Recipe) -> list[str]:
     where = [(f"[data.sources[{i}]]", s.name, s.path, s.chat_key, s.pairs) for i, s in enumerate(d.sources)]
     where += [(f"[eval] val_sources[{i}]", Path(v).name, v, None, None) for i, v in enumerate(recipe.eval.val_sources)]
     where += [(f"[preference] heldout[{i}]", Path(v).name, v, None, True) for i, v in enumerate(recipe.preference.heldout)]
+    where += [(f"[data.sources[{i}]] holdout", s.name, str(held_out_dir(s.path)), None, None)
+              for i, s in enumerate(d.sources) if s.holdout]
     problems = []
     for table, source, path, chat_key, pairs in where:
         manifest = Path(path) / MANIFEST
@@ -273,7 +307,8 @@ def callbacks(recipe: Recipe) -> list:
         Progress.Config(),
         SourceTokens.Config(),
         Straggler.Config(threshold=launch.straggler_threshold, windows=launch.straggler_windows),
-        Eval.Config(every=e.every, at_end=e.at_end, spec=e.spec(), chat_template=d.chat_template),
+        Eval.Config(every=e.every, at_end=e.at_end, spec=e.spec(), chat_template=d.chat_template,
+                    val_sets=validation_sets(recipe)),
         Preemption.Config(),
         Rollback.Config(spikes=t.spike_rollbacks, window=t.spike_window),
     ]

@@ -3,6 +3,7 @@
     python -m train.data download --recipe phase1 --source web-high [--slurm --partition P]
     python -m train.data tokenize --recipe phase1 --source web-high [--tasks N --slurm --partition P ...]
     python -m train.data verify --recipe phase1
+    python -m train.data holdout --recipe phase1 [--source web-high]   # split off held-out documents, no re-tokenization
 
 The recipe says everything (``[[data.sources]]``: hub_id, subset, split,
 revision, text_key, chat_key or pairs, exclude; ``[data] root`` and tokenizer), so the
@@ -25,6 +26,7 @@ import sys
 from pathlib import Path
 
 from data import download as D
+from data import holdout as H
 from data import tokenize as T
 from data.mixture import SourceSpec
 from data.verify import verify
@@ -64,8 +66,10 @@ def tokenize_kwargs(recipe: R.Recipe, src: SourceSpec) -> dict:
     (or its bundled ``input``); the manifest records hub id, subset, split and revision either way."""
     common = dict(tokenizer=recipe.data.tokenizer, text_key=src.text_key, split=src.split, subset=src.subset,
                   chat_key=src.chat_key, chat_template=recipe.data.chat_template if src.chat_key or src.pairs else None,
-                  exclude=src.exclude or None, pairs=src.pairs,
-                  seq_len=recipe.training.seq_len if src.pairs else None)  # a pair over seq_len is refused
+                  exclude=src.exclude or None, pairs=src.pairs, holdout=src.holdout or None,
+                  seq_len=recipe.training.seq_len if src.pairs else None,  # a pair over seq_len is refused
+                  decontaminate=src.decontaminate or None,
+                  evalplus_data=recipe.eval.evalplus_data, core_bundle=recipe.eval.core_bundle)
     if src.input:
         return dict(input_spec=src.input, **common)
     _needs_hub_id(recipe, src, "tokenize")
@@ -80,6 +84,16 @@ def tokenize_kwargs(recipe: R.Recipe, src: SourceSpec) -> dict:
     description = {"kind": "hub", "dataset": src.hub_id, "split": src.split, "subset": src.subset,
                    "revision": record["revision"], "text_key": src.text_key, "local_copy": str(folder)}
     return dict(input_spec=str(folder), hub=True, description=description, **common)
+
+
+def split_holdouts(recipe: R.Recipe, sources: list[SourceSpec]) -> int:
+    """data.holdout's split of each source at its ``holdout`` (a source already split alike is left as it is)."""
+    for src in sources:
+        if not src.holdout:
+            raise R.RecipeError(f"{recipe.path}: [[data.sources]] {src.name}: holdout: not set ([data] holdout or "
+                                "the source's own), so there is nothing to hold out")
+        print(H.describe(Path(src.path), H.split(src.path, src.holdout)))
+    return 0
 
 
 def _sbatch(argv: list[str], a: argparse.Namespace, name: str) -> None:
@@ -104,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("download", help="fetch a source's files at its revision into the data root")
     t = sub.add_parser("tokenize", help="tokenize a source into its path (from its local copy if downloaded)")
     v = sub.add_parser("verify", help="check every source's shards against their manifest checksums")
-    for q in (d, t, v):
+    h = sub.add_parser("holdout", help="split each source's held-out documents off its shards, at the recipe's "
+                       "holdout (data.holdout; no re-tokenization)")
+    h.add_argument("--source", help="a [[data.sources]] name (default: every source with a holdout)")
+    for q in (d, t, v, h):
         q.add_argument("--recipe", required=True)
         q.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE")
     for q in (d, t):
@@ -118,7 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         recipe = R.load(a.recipe, a.set)
         if a.command == "verify":
-            return verify([Path(s.path) for s in recipe.data.sources] + [Path(x) for x in recipe.eval.val_sources])
+            return verify([Path(s.path) for s in recipe.data.sources]
+                          + [Path(x) for x in R.validation_sets(recipe).values()])
+        if a.command == "holdout":
+            return split_holdouts(recipe, [source(recipe, a.source)] if a.source else
+                                  [s for s in recipe.data.sources if s.holdout])
         src = source(recipe, a.source)
         if problems := R.check_needs(recipe):  # a plan the data cannot meet: found before any download
             raise R.RecipeError("\n".join(problems))

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from data.chat import TEMPLATES, check_template, checkpoint_template, resolve_template
+from data.holdout import held_out_dir, holdout_problem
 from data.mixture import MixtureError, SourceSpec, check_distinct, needs
 from eval.spec import EvalSpec, EvalSpecError
 from rundir import EXPORT_DIR, REPO, RUNS_DIR, parse_set
@@ -96,6 +97,9 @@ class Data:
     # Chat template (data.chat): a name, a .jinja file, or an HF folder / tokenizer_config.json.
     # Unset: the initial checkpoint's own, else data.chat.DEFAULT; resolve() records which.
     chat_template: str | None = None
+    # Every source's held-out documents (data.holdout): a fraction or a document count, 0 for none;
+    # a source's own `holdout` overrides it. The run validates on each held-out set ([eval]).
+    holdout: int | float | None = None
     sources: list[SourceSpec] = field(default_factory=list)  # [[data.sources]]
 
 
@@ -458,8 +462,12 @@ def resolve(recipe: Recipe) -> None:
     recipe.run.output_dir = str(recipe.output_dir)
     d.tokenizer = str(absolute(d.tokenizer))
     d.root = d.root and str(absolute(d.root))
+    if d.holdout is not None and (why := holdout_problem(d.holdout)):
+        raise RecipeError(f"{p.of('data', 'holdout')}: [data] holdout: {why}")
     d.sources = [dataclasses.replace(s, path=str(in_data_root(recipe, s.path)),
-                                     input=s.input and str(absolute(s.input))) for s in d.sources]
+                                     input=s.input and str(absolute(s.input)),
+                                     holdout=d.holdout if s.holdout is None and not s.pairs else s.holdout)
+                 for s in d.sources]  # pairs: held out in a file of their own (data.holdout splits documents)
     e.val_sources = [str(in_data_root(recipe, v)) for v in e.val_sources]
     recipe.preference.heldout = [str(in_data_root(recipe, v)) for v in recipe.preference.heldout]
     e.core_bundle = e.core_bundle and str(absolute(e.core_bundle))
@@ -568,6 +576,19 @@ def resolve(recipe: Recipe) -> None:
             fail("parallel", f"{key}: must be >= 1, or -1 for the ranks the other leaves (got {getattr(par, key)})")
     if par.shard == par.replicate == -1:
         fail("parallel", "shard, replicate: at most one of them may be -1")
+
+
+def validation_sets(recipe: Recipe) -> dict[str, str]:
+    """The held-out sets the run validates on, by the name its metrics carry: every source's with a
+    holdout (``<path>/heldout``, named as the source), then each ``[eval] val_sources`` dir (named as
+    its folder)."""
+    sets = {s.name: str(held_out_dir(s.path)) for s in recipe.data.sources if s.holdout}
+    for i, v in enumerate(recipe.eval.val_sources):
+        if Path(v).name in sets:
+            raise RecipeError(f"{recipe.path}: [eval] val_sources[{i}]: {v} would be named {Path(v).name!r}, as "
+                              f"another held-out set is: rename its folder")
+        sets[Path(v).name] = v
+    return sets
 
 
 def check_needs(recipe: Recipe) -> list[str]:

@@ -1,5 +1,5 @@
 """The evaluations on two gloo ranks equal one rank: CORE (real bundle), lm-eval (toy tasks) and
-EvalPlus (known right, base-only and wrong answers). Each rank evaluates its share and every
+EvalPlus (known right, base-only and wrong answers; sampled answers). Each rank evaluates its share and every
 rank runs the same number of forwards (eval.dist.Lockstep), so a rank with less work pads.
 
 One torchrun launch runs this file's ``__main__`` for all three (a launch costs ~15 s here);
@@ -19,7 +19,7 @@ import pytest
 from rundir import REPO
 from tests.conftest import tiny_random_model
 from tests.eval.conftest import (
-    BUNDLE, PROBS, WORDS, Bigram, WordTokenizer, needs_bundle, scripted_evalplus, write_tasks,
+    BUNDLE, PROBS, WORDS, Bigram, WordTokenizer, needs_bundle, sampled_evalplus, scripted_evalplus, write_tasks,
 )
 
 pytestmark = pytest.mark.slow
@@ -56,6 +56,7 @@ def worker(out_dir: Path) -> None:
     out["lm_eval"] = {"results": results, "forwards": bigram.calls}
     evalplus = scripted_evalplus()
     out["evalplus"] = {"passed": evalplus.passed, "metrics": evalplus.metrics()}
+    out["evalplus_sampled"] = {t: [s.raw for s in ss] for t, ss in sampled_evalplus().samples.items()}
     (out_dir / f"rank{tdist.get_rank()}.json").write_text(json.dumps(out))
     tdist.destroy_process_group()
 
@@ -95,6 +96,13 @@ def test_evalplus_on_two_ranks_gathers_the_one_rank_verdicts_in_task_order(ranks
     single = scripted_evalplus()
     assert ranks[0]["evalplus"] == ranks[1]["evalplus"] == {"passed": single.passed, "metrics": single.metrics()}
     assert list(ranks[0]["evalplus"]["passed"]) == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+
+
+
+def test_evalplus_sampling_on_two_ranks_draws_the_one_rank_answers(ranks):
+    """Task i draws from the seed + i wherever it runs: the same answers on two ranks as on one."""
+    single = {t: [s.raw for s in ss] for t, ss in sampled_evalplus().samples.items()}
+    assert ranks[0]["evalplus_sampled"] == ranks[1]["evalplus_sampled"] == single
 
 
 if __name__ == "__main__":

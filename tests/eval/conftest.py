@@ -14,6 +14,7 @@ import torch
 
 from data.tokenizer import Tokenizer
 from rundir import REPO
+from tests.eval import evalplus_cases
 
 # --- CORE toys (tests/eval, tests/rundir, tests/e2e) ---
 
@@ -238,3 +239,59 @@ def scripted_evalplus():
     targets = [tok.encode(evalplus.base_prompt(t) + ANSWERS[t["task_id"]], bos=True) for t in tasks]
     model = ScriptedPerPrompt(targets, tok.vocab_size, tok.eos_id)
     return evalplus.evaluate_evalplus(model, tok, "humaneval", max_seq_len=512, tasks=tasks, max_new_tokens=48)
+
+
+# --- EvalPlus pass@N toys (tests/eval/test_evalplus_pass_at_n.py, tests/e2e/test_eval_two_ranks.py) ---
+
+N = 10  # samples a task: EvalPlus prints pass@1 and pass@10
+# Each task's answers (completions of its base prompt): the scripted model draws among them. Right,
+# base-only and wrong ones, so that tasks pass some, all or none of their samples; HumanEval/2 has
+# no answer passing its plus tests, so HumanEval+'s pass@10 is below 1.
+SAMPLED_ANSWERS = {
+    "HumanEval/0": ["    return a + b\n", "    return abs(a) + abs(b)\n", "    return a - b\n"],
+    "HumanEval/1": ["    return sum(xs) / len(xs)\n", "    return (sum(xs) / len(xs),)\n"],
+    "HumanEval/2": ["    return [x * k for x in xs] if xs else ()\n", "    return tuple(x * k for x in xs)\n"],
+    "Mbpp/2": ["def similar_elements(a, b):\n    return tuple(set(a) & set(b))\n",
+               "def similar_elements(a, b):\n    return tuple(set(a) | set(b))\n"],
+    "Mbpp/787": ["import re\ndef text_match_three(text):\n    return re.search('abbb', text)\n",
+                 "import re\ndef text_match_three(text):\n    return 'Found' if re.search('abbb', text) else 'No'\n"],
+    "Mbpp/164": ["def are_equivalent(a, b):\n    return False\n"],
+    "Mbpp/295": ["def sum_div(n):\n    return 0\n", "def sum_div(n):\n    return n\n"],
+}
+# not find_zero: the project scores it with upstream's fix, evalplus 0.3.1 as released
+HUMANEVAL_TASKS = evalplus_cases.HUMANEVAL[:3]
+
+
+class Branching:
+    """A scripted sampler: the next token of every answer the row is still a prefix of (EOS at an answer's
+    end) gets the same high logit, so sampling draws among the answers. Every position of a row holds
+    the logits after its last real token (before the EOS padding): the only position generation reads."""
+
+    def __init__(self, answers: list[list[int]], vocab: int, eos: int):
+        self.answers, self.vocab, self.eos = answers, vocab, eos
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        logits = torch.zeros(ids.shape[0], 1, self.vocab)
+        for row, seq in enumerate(ids.tolist()):
+            while seq and seq[-1] == self.eos:
+                seq.pop()
+            for answer in (a for a in self.answers if a[: len(seq)] == seq):
+                logits[row, 0, answer[len(seq)] if len(seq) < len(answer) else self.eos] = 30.0
+        return logits.expand(-1, ids.shape[1], -1)
+
+
+def sampled_evalplus(dataset: str = "humaneval", tasks: list[dict] | None = None, seed: int = 0):
+    """EvalPlus pass@N on ``tasks`` (default: HUMANEVAL_TASKS) with Branching drawing among their SAMPLED_ANSWERS."""
+    from eval import evalplus
+
+    tasks = HUMANEVAL_TASKS if tasks is None else tasks
+    tok = Tokenizer()
+    answers = []
+    for task in tasks:
+        prompt = tok.encode(evalplus.base_prompt(task), bos=True)
+        for text in SAMPLED_ANSWERS[task["task_id"]]:
+            ids = tok.encode(evalplus.base_prompt(task) + text, bos=True)
+            assert ids[: len(prompt)] == prompt  # the answer continues the prompt's very ids
+            answers.append(ids)
+    return evalplus.evaluate_evalplus(Branching(answers, tok.vocab_size, tok.eos_id), tok, dataset, max_seq_len=512,
+                                      tasks=tasks, max_new_tokens=64, samples=N, temperature=1.0, seed=seed)

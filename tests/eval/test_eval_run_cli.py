@@ -191,6 +191,6 @@ def test_evalplus_scores_each_dataset(tmp_path):
                                 "mbpp/pass@1": 0.0, "mbpp+/pass@1": 0.0}
     out = report_json(report, "x", argparse.Namespace(chat=False))
     assert out["evalplus"]["datasets"] == ["humaneval", "mbpp"] and out["evalplus"]["chat"] is False
-    assert out["evalplus"]["passed"] == {"HumanEval/0": {"base": False, "plus": False},
-                                         "Mbpp/3": {"base": False, "plus": False}}
+    assert out["evalplus"]["passed"] == {"HumanEval/0": [{"base": False, "plus": False}],
+                                         "Mbpp/3": [{"base": False, "plus": False}]}
     assert set(out["evalplus"]["solutions"]) == {"HumanEval/0", "Mbpp/3"}

@@ -83,7 +83,7 @@ def project_verdicts(files, find_zero: str) -> dict[str, tuple[bool, bool]]:
         cases = [c for c in COMPLETIONS if c[0] in tasks]
         jobs = [(tasks[t], evalplus.sanitize(raw, entrypoint=tasks[t]["entry_point"])) for t, _, raw, _ in cases]
         for (_, name, _, _), v in zip(cases, check_solutions(dataset, jobs, find_zero=find_zero)):
-            verdicts[name] = (v["base"], v["plus"])
+            verdicts[name] = (v.base, v.plus)
     return verdicts
 
 
@@ -102,11 +102,11 @@ def test_find_zero_takes_upstreams_fix_by_default(files, reference):
     cases = [(name, raw) for t, name, raw, _ in COMPLETIONS if t == "HumanEval/32"]
     jobs = [(task, evalplus.sanitize(raw, entrypoint="find_zero")) for _, raw in cases]
     jobs.append((task, task["prompt"] + task["canonical_solution"]))
-    fixed = [(v["base"], v["plus"]) for v in check_solutions("humaneval", jobs)]
+    fixed = [(v.base, v.plus) for v in check_solutions("humaneval", jobs)]
     names = [name for name, _ in cases]
     assert dict(zip(names, fixed)) == {name: FIXED.get(name, reference[name]) for name in names}
     assert fixed[-1] == (True, True)
-    assert check_solutions("humaneval", jobs[-1:], find_zero="released") == [{"base": False, "plus": False}]
+    assert [(v.base, v.plus) for v in check_solutions("humaneval", jobs[-1:], find_zero="released")] == [(False, False)]
     with pytest.raises(ValueError, match="find_zero: 'upstream' is not one of"):
         check_solutions("humaneval", jobs, find_zero="upstream")
 
@@ -178,8 +178,9 @@ def test_generation_prompts_stops_and_scoring(chat):
     assert target[: len(prompt)] == prompt
     result = evalplus.evaluate_evalplus(Scripted(target, tok.vocab_size, tok.eos_id), tok, "humaneval",
                                         max_seq_len=512, tasks=[ADD], chat=chat, max_new_tokens=64)
-    assert result.passed == {"HumanEval/0": {"base": True, "plus": True}}
-    assert "junk" not in result.solutions["HumanEval/0"] and "It adds" not in result.solutions["HumanEval/0"]
+    assert result.passed == {"HumanEval/0": [{"base": True, "plus": True}]}
+    (sample,) = result.samples["HumanEval/0"]
+    assert "junk" not in sample.solution and "It adds" not in sample.solution
 
 
 def test_eval_run_refuses_a_missing_release_file_before_loading_a_model(tmp_path, capsys):
@@ -195,6 +196,7 @@ def test_generation_and_scoring_of_three_known_answers():
     """Right, base-only and wrong answers through generation: the one-rank reference that
     tests/e2e/test_eval_two_ranks.py holds two ranks to."""
     result = scripted_evalplus()
-    assert result.passed == {"HumanEval/0": {"base": True, "plus": True}, "HumanEval/1": {"base": True, "plus": False},
-                             "HumanEval/2": {"base": False, "plus": False}}
+    assert result.passed == {"HumanEval/0": [{"base": True, "plus": True}],
+                             "HumanEval/1": [{"base": True, "plus": False}],
+                             "HumanEval/2": [{"base": False, "plus": False}]}
     assert result.metrics() == {"humaneval/pass@1": pytest.approx(2 / 3), "humaneval+/pass@1": pytest.approx(1 / 3)}

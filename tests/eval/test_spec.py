@@ -35,11 +35,12 @@ def test_flags_reach_the_spec(monkeypatch):
     spec = spec_from_flags(monkeypatch, [
         "--core", "b", "--max-per-task", "3", "--core-tasks", "a,c", "--humaneval", "--limit", "7", "--samples", "2",
         "--temperature", "0.5", "--max-new-tokens", "9", "--evalplus", "mbpp,humaneval", "--chat",
-        "--evalplus-find-zero", "released"])
+        "--evalplus-find-zero", "released", "--top-p", "0.8", "--seed", "5"])
     assert spec == EvalSpec(core_bundle="b", core_max_per_task=3, core_tasks=["a", "c"], lm_eval_limit=7,
                             humaneval=True, humaneval_limit=7, humaneval_samples=2, humaneval_temperature=0.5,
                             humaneval_max_new_tokens=9, evalplus="mbpp,humaneval", evalplus_limit=7,
-                            evalplus_chat=True, evalplus_max_new_tokens=9, evalplus_find_zero="released")
+                            evalplus_chat=True, evalplus_max_new_tokens=9, evalplus_find_zero="released",
+                            evalplus_samples=2, evalplus_temperature=0.5, evalplus_top_p=0.8, evalplus_seed=5)
     assert spec.evalplus_datasets == ["mbpp", "humaneval"]
 
 
@@ -49,6 +50,12 @@ def test_flags_reach_the_spec(monkeypatch):
     ({"evalplus_limit": 0}, r"evalplus_limit: must be > 0 \(got 0\)"),
     ({"val_samples": -1}, r"val_samples: must be > 0 \(got -1\)"),
     ({"humaneval_temperature": -0.1}, r"humaneval_temperature: must be >= 0"),
+    ({"evalplus_samples": 0}, r"evalplus_samples: must be > 0 \(got 0\)"),
+    ({"evalplus_temperature": -1.0}, r"evalplus_temperature: must be >= 0"),
+    ({"evalplus_top_p": 0.0}, r"evalplus_top_p: must be in \(0, 1\] \(got 0.0\)"),
+    ({"evalplus_top_p": 1.5}, r"evalplus_top_p: must be in \(0, 1\]"),
+    ({"evalplus": "mbpp", "evalplus_samples": 4}, "evalplus_samples: 4 answers a task at evalplus_temperature 0 "
+                                                  "would all be the greedy one"),
 ])
 def test_bad_values_name_the_field(values, message):
     with pytest.raises(EvalSpecError, match=message):

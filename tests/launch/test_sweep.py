@@ -1,13 +1,14 @@
 """launch.sweep end to end: the tiny sweep (2 variants x 2 seeds, through launch.local) compared by
 ``python -m train.report`` against each run's own metrics.jsonl, a rerun that starts nothing, an
-invalid variant refused with nothing written, the dry run's grid and plan, and a one-run sweep
-submitted through launch.slurm on the emulated cluster."""
+invalid variant refused with nothing written, the dry run's grid and plan, dtp.toml's variants (union,
+de-duplication, names), and a one-run sweep submitted through launch.slurm on the emulated cluster."""
 
 from __future__ import annotations
 
 import contextlib
 import csv
 import io
+import itertools
 import json
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 
 from launch.attempts import history
 from launch.sweep.__main__ import main as sweep_main
+from launch.sweep.spec import read_sweep, variants
 from rundir import REPO
 from tests.conftest import env
 from train.report.__main__ import main as report_main
@@ -77,7 +79,7 @@ def test_the_comparison_holds_each_runs_own_metrics(tiny_sweep, report):
     assert [(r["variant"], r["n"], r["verdict"]) for r in summary][0] == ("delay=0", "2", "baseline")
     mean = sum(float(r["val_loss"]) for r in rows if r["variant"] == "delay=2") / 2
     assert float(summary[1]["val_loss_mean"]) == pytest.approx(mean)
-    assert "validation loss at step 4 = 2,048 tokens" in report
+    assert "validation loss at 2,048 tokens" in report
     assert summary[1]["verdict"] in report
     assert (root / "report.html").is_file()
 
@@ -119,3 +121,23 @@ def test_the_dry_run_prints_the_grid_and_each_runs_plan(tmp_path, capsys):
     hours = sum(float(r[-1]) for r in rows.values()) * 2
     assert f"sweep total: 4 runs, {hours:,.1f} GPU-hours" in out
     assert not root.exists()
+
+
+def test_dtp_toml_makes_the_union_of_its_grids_once_each_named_against_the_baseline(tmp_path):
+    """recipes/sweeps/dtp.toml: five [[vary]] tables of 3, 2, 3, 2 and 2 values, each at the base
+    values of the other keys (phase1.toml's 100M flavor: delay 2, early_mode present, late_mode drop,
+    final_agg mean_of_norms, 8 lanes). The base setting is in every grid: 12 combinations, 8 runs."""
+    sweep = read_sweep(REPO / "recipes" / "sweeps" / "dtp.toml")
+    assert [len(list(itertools.product(*g.values()))) for g in sweep.grids] == [3, 2, 3, 2, 2]
+    found, _ = variants(sweep, 8, tmp_path)  # the phase-1 data is not here: problems, but every variant loads
+    assert [v.name for v in found] == [
+        "delay=0", "delay=1", "delay=2", "delay=2,early_mode=scaled", "delay=2,late_mode=flush",
+        "delay=2,late_mode=present", "delay=2,final_agg=norm_of_sum", "delay=2,n_lanes=1"]
+    base = {"model.delay": 2, "model.early_mode": "present", "model.late_mode": "drop",
+            "model.final_agg": "mean_of_norms", "model.n_lanes": 8}
+    expected = [{**base, "model.delay": 0}, {**base, "model.delay": 1}, base,
+                {**base, "model.early_mode": "scaled"}, {**base, "model.late_mode": "flush"},
+                {**base, "model.late_mode": "present"}, {**base, "model.final_agg": "norm_of_sum"},
+                {**base, "model.n_lanes": 1}]
+    assert [v.values for v in found] == expected
+    assert sweep.seeds == [1, 2, 3] and len(found) * len(sweep.seeds) == 24  # the file's "24 runs"

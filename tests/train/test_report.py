@@ -238,7 +238,7 @@ def test_eval_panels_hold_the_evals_files_numbers(tmp_path):
     """CORE (the average and a panel per task), lm-eval tasks and HumanEval+/MBPP+, from
     evals/step-N.json as the eval hook writes them, with metric names from eval's own results."""
     from eval.core import CoreResult, TaskScore
-    from eval.evalplus import EvalPlusResult
+    from eval.evalplus import EvalPlusResult, Sample, Verdict
     from eval.lm_harness import flat_metrics
 
     run = fake_run(tmp_path, step_rows([5, 10]))
@@ -247,7 +247,8 @@ def test_eval_panels_hold_the_evals_files_numbers(tmp_path):
         core = CoreResult({label: TaskScore(label, acc, 10, {"v1": acc - 0.1, "v2": acc - 0.2})
                            for label in ("arc_easy", "piqa")}, missing={})
         lm = flat_metrics({"toy_task": {"acc,none": acc, "acc_stderr,none": 0.1}})
-        code = EvalPlusResult("humaneval", False, {"HumanEval/0": {"base": True, "plus": acc > 0.3}}, {}).metrics()
+        verdict = Verdict("pass", "pass" if acc > 0.3 else "fail", [], [] if acc > 0.3 else [[1]])
+        code = EvalPlusResult("humaneval", False, {"HumanEval/0": [Sample("", "", verdict)]}).metrics()
         written[step] = {**core.metrics(), **lm, **code}
         (run / "evals").mkdir(exist_ok=True)
         (run / "evals" / f"step-{step}.json").write_text(json.dumps({"step": step, "metrics": written[step],
@@ -293,3 +294,21 @@ def test_the_memory_plan_is_drawn_as_a_stacked_bar_and_against_the_run(tmp_path)
     plan = record_plan(run, "h100", 1)
     drawn = data_of(write_report([run]))["memory"]["plan"]
     assert drawn == {"peak_gib": memory.peak / 1024**3, "gpu": plan["gpu"], "gpus": 1}
+
+
+def test_the_header_shows_what_decontamination_dropped_per_source(tmp_path):
+    """The header's row reads each source's manifest (data.decontaminate's entry); tiny.toml's sources have none."""
+    from data.shards import FORMAT
+    from train.report.runs import header, read_run
+
+    run = read_run(fake_run(tmp_path, step_rows(range(1, 3))))
+    assert dict(header(run))["decontamination"] == "none of the 2 sources"
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "manifest.json").write_text(json.dumps({"format": FORMAT, "decontamination": {
+        "n_grams": 12, "dropped": {"humaneval": 3, "mbpp": 1200}}}))
+    run.recipe["data"]["sources"][0]["path"] = str(code)
+    run.recipe["data"]["sources"][1]["path"] = str(tmp_path / "elsewhere")
+    assert dict(header(run))["decontamination"] == (f"{run.recipe['data']['sources'][0]['name']}: humaneval 3, "
+                                                   f"mbpp 1,200 documents dropped (12-grams); "
+                                                   f"{run.recipe['data']['sources'][1]['name']}: no manifest here")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import math
 import os
 import subprocess
@@ -10,6 +11,7 @@ import sys
 
 import pytest
 
+import rundir
 from rundir import REPO
 from tests.conftest import assert_overfits, env, losses, metrics, short, train, train_command
 from tests.eval.conftest import write_tasks, write_toy_core_bundle
@@ -85,6 +87,14 @@ def test_dry_run_prints_the_2b_plan_and_what_a_launch_here_lacks():
     assert "FLOPs per token: 14,840,543,232" in result.stdout
     assert "expected wall time" in result.stdout
     assert "data plan: every expected size covers its needs" in result.stdout
+    # every source's held-out set, sized from the recipe's numbers as the file spells them (no data here)
+    import tomllib
+
+    raw = tomllib.loads((REPO / "recipes" / "phase1.toml").read_text())
+    for s in raw["data"]["sources"]:
+        held = round(raw["data"]["holdout"] * s["expected_tokens"])
+        assert (f"  {s['name']}: expected ~{held:,} tokens (of expected_tokens {s['expected_tokens']:,}); "
+                f"holdout {raw['data']['holdout']!r}, not split yet: /data/laneformer/{s['path']}/heldout") in result.stdout
 
 
 # ---- one short run: schedule, logs --------------------------------------------------
@@ -207,6 +217,22 @@ def test_phase2_starts_from_phase1_weights(short_run, tmp_path):
     assert first < losses(p1)[1] - 1.0  # phase 1 started from a fresh model (~ln 4096)
     assert min(losses(tmp_path / "p2")) == 1  # a fresh step counter
 
+    # the report draws each held-out set's validation across phase 1 into phase 2 on one token axis
+    from train.callbacks.eval import VAL_LOSS, per_set
+    from train.report import write_report
+    from train.report.page import embedded_data
+
+    drawn = embedded_data(write_report([p1, tmp_path / "p2"], tmp_path / "report").read_text())["validation_sets"]
+    end_of_phase1 = 20 * 8 * 64  # short(): 20 steps of 8 x 64 tokens
+    for name in ("prose", "code"):
+        one, two = drawn[f"tiny: {per_set(VAL_LOSS, name)}"], drawn[f"tiny-phase2: {per_set(VAL_LOSS, name)}"]
+        assert (one["steps"], one["tokens"]) == ([10, 20], [10 * 8 * 64, end_of_phase1])
+        assert (two["steps"], two["tokens"]) == ([3], [end_of_phase1 + 3 * 16 * 128])  # tiny-phase2.toml's batch
+        for run, line in ((p1, one), (tmp_path / "p2", two)):
+            logged = [json.loads(rundir.eval_file(run, s).read_text())["metrics"][per_set(VAL_LOSS, name)]
+                      for s in line["steps"]]
+            assert line["values"] == logged
+
 
 # ---- the model learns: a repeated batch is memorized -----------------------------------
 
@@ -218,8 +244,6 @@ def test_tiny_overfits_a_repeated_batch_with_full_activation_checkpointing(tmp_p
 
 
 def test_evals_run_in_the_loop_and_a_failing_one_does_not_stop_training(short_run):
-    import json
-
     for step in (10, 20):
         report = json.loads((short_run / "evals" / f"step-{step}.json").read_text())
         m = report["metrics"]

@@ -1,8 +1,9 @@
 """Evaluation during training: every N steps and at the end, never fatal.
 
-Validation loss and bits-per-byte on held-out tokenized sources (over the
-tokens training learns from: chat sources' masked labels are left out, as in
-the training loss), DCLM CORE on a bundle, lm-eval tasks, and a small EvalPlus
+Validation loss and bits-per-byte on every held-out set (each source's
+held-out documents, data.holdout, and any ``[eval] val_sources``), per set
+and as their token-weighted mean, over the tokens training learns from (chat
+sources' masked labels are left out, as in the training loss); DCLM CORE on a bundle, lm-eval tasks, and a small EvalPlus
 subset (HumanEval+/MBPP+, e.g. during SFT). Results go to stdout, the metric loggers
 (tensorboard, wandb) and ``<run>/evals/step-<N>.json`` with the eval's wall
 time. A failing part is logged and written to that JSON; the others and training go on.
@@ -16,7 +17,6 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -31,6 +31,15 @@ from data.mixture import IGNORE_INDEX, Mixture, SourceSpec
 from eval.spec import EvalSpec
 from train.callbacks.callback import Callback, LaneformerTrainer
 from train.health.phases import Phase
+
+
+VAL_LOSS = "eval/val_loss"  # nats per token over every held-out set (the token-weighted mean of the sets')
+VAL_BPB = "eval/val_bpb"  # bits per byte over every held-out set
+
+
+def per_set(metric: str, name: str) -> str:
+    """One held-out set's metric: ``eval/val_loss/<name>`` (a source's name, or a val_sources folder's)."""
+    return f"{metric}/{name}"
 
 
 def token_bytes(sp) -> np.ndarray:
@@ -54,15 +63,16 @@ class Eval(Callback, Configurable):
         at_end: bool = True
         spec: EvalSpec = field(default_factory=EvalSpec)  # what to evaluate: the recipe's [eval]
         chat_template: str | None = None  # the run's (recipe [data] chat_template, resolved), for EvalPlus's chat
+        val_sets: dict[str, str] = field(default_factory=dict)  # name -> held-out dir (train.recipe.validation_sets)
 
     def __init__(self, config: Config, trainer: LaneformerTrainer):
         self.config = config
-        self._val: Mixture | None = None
+        self._val: dict[str, Mixture] | None = None
 
     def post_step(self, trainer: LaneformerTrainer) -> None:
         c, step = self.config, trainer.step
         due = (c.every and step % c.every == 0) or (c.at_end and step == trainer.config.training.steps)
-        parts = {"validation": self.validation} if c.spec.val_sources else {}
+        parts = {"validation": self.validation} if c.val_sets else {}
         parts.update({name: self._benchmark(spec) for name, spec in c.spec.benchmarks().items()})
         if not due or not parts:
             return
@@ -86,36 +96,42 @@ class Eval(Callback, Configurable):
             out.write_text(json.dumps({"step": step, "metrics": results, "errors": errors}, indent=2) + "\n")
 
     def validation(self, trainer: LaneformerTrainer) -> dict[str, float]:
-        """Mean loss (nats/token) and bits per byte over the first val_samples held-out samples."""
+        """Mean loss (nats/token) and bits per byte over the first val_samples samples of each held-out
+        set, per set and over all of them (weighted by each set's tokens)."""
         seq_len, micro = trainer.config.training.seq_len, trainer.config.training.local_batch_size
         tokenizer = trainer.tokenizer.tokenizer
-        if self._val is None:
-            specs = [SourceSpec(name=Path(p).name, path=p, weight=1.0, max_epochs=1e9)
-                     for p in self.config.spec.val_sources]
-            self._val = Mixture(specs, seq_len, seed=0, expected_fingerprint=tokenizer.fingerprint,
-                                expected_vocab_size=tokenizer.vocab_size)
+        if self._val is None:  # each set on its own: a one-source mixture, read from its start
+            self._val = {name: Mixture([SourceSpec(name=name, path=path, weight=1.0, max_epochs=1e9)], seq_len, seed=0,
+                                       expected_fingerprint=tokenizer.fingerprint,
+                                       expected_vocab_size=tokenizer.vocab_size)
+                         for name, path in self.config.val_sets.items()}
             self._bytes = torch.from_numpy(token_bytes(tokenizer.sp))
         world = dist.get_world_size() if dist.is_initialized() else 1
         rank = dist.get_rank() if dist.is_initialized() else 0
         per_step = world * micro
         n_batches = math.ceil(self.config.spec.val_samples / per_step)
-        totals = torch.zeros(3, dtype=torch.float64)  # nats, tokens, bytes
-        for b in range(n_batches):
-            first = b * per_step + rank * micro
-            batch = self._val.batch(np.arange(first, first + micro))
-            labels = torch.from_numpy(batch["labels"])
-            logits = trainer.model_parts[0](
-                torch.from_numpy(batch["input_ids"]).to(trainer.device),
-                positions=torch.from_numpy(batch["positions"]).to(trainer.device))
-            nats = F.cross_entropy(logits.float().flatten(0, 1), labels.to(trainer.device).flatten(),
-                                   reduction="sum")
-            kept = labels != IGNORE_INDEX  # cross_entropy skips these too (its default ignore_index)
-            totals += torch.tensor([float(nats), int(kept.sum()), float(self._bytes[labels[kept]].sum())],
-                                   dtype=torch.float64)
+        totals = torch.zeros(len(self._val), 3, dtype=torch.float64)  # per set: nats, tokens, bytes
+        for i, val in enumerate(self._val.values()):
+            for b in range(n_batches):
+                first = b * per_step + rank * micro
+                batch = val.batch(np.arange(first, first + micro))
+                labels = torch.from_numpy(batch["labels"])
+                logits = trainer.model_parts[0](
+                    torch.from_numpy(batch["input_ids"]).to(trainer.device),
+                    positions=torch.from_numpy(batch["positions"]).to(trainer.device))
+                nats = F.cross_entropy(logits.float().flatten(0, 1), labels.to(trainer.device).flatten(),
+                                       reduction="sum")
+                kept = labels != IGNORE_INDEX  # cross_entropy skips these too (its default ignore_index)
+                totals[i] += torch.tensor([float(nats), int(kept.sum()), float(self._bytes[labels[kept]].sum())],
+                                          dtype=torch.float64)
         if dist.is_initialized():
             dist.all_reduce(totals)
-        nats, tokens, nbytes = totals.tolist()
-        return {"eval/val_loss": nats / tokens, "eval/val_bpb": nats / math.log(2) / nbytes}
+        results = {}
+        for name, (nats, tokens, nbytes) in zip(self._val, totals.tolist()):
+            results[per_set(VAL_LOSS, name)] = nats / tokens
+            results[per_set(VAL_BPB, name)] = nats / math.log(2) / nbytes
+        nats, tokens, nbytes = totals.sum(0).tolist()
+        return {VAL_LOSS: nats / tokens, VAL_BPB: nats / math.log(2) / nbytes, **results}
 
     def _benchmark(self, spec: EvalSpec) -> Callable[[LaneformerTrainer], dict[str, float]]:
         """Scores ``spec`` (one benchmark) on the training model, through eval.suite."""

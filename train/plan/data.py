@@ -36,7 +36,46 @@ def data_report(recipe: R.Recipe) -> str:
         lines.append(f"not on this machine yet: {', '.join(missing)}")
     else:
         lines.append(check_data(recipe, model_config(recipe)).describe())
-    return "\n".join(lines)
+    return "\n".join(lines + held_out_report(recipe))
+
+
+def held_out_report(recipe: R.Recipe) -> list[str]:
+    """The held-out sets the run validates on, each with its size: its manifest's where it is split,
+    else what the holdout setting makes of the source's expected size."""
+    from data.holdout import held_out_dir, recorded_holdout
+    from data.shards import load_manifest
+    from train.callbacks.eval import VAL_BPB, VAL_LOSS, per_set
+
+    e, t = recipe.eval, recipe.training
+    when = f"every {e.every} steps" if e.every else "at the end"
+    lines = [f"held-out sets (never trained on; validated {when}"
+             + (" and at the end" if e.every and e.at_end else "")
+             + f", {e.val_samples} x {t.seq_len} tokens of each): {per_set(VAL_LOSS, '<name>')}, "
+             f"{per_set(VAL_BPB, '<name>')}"]
+    for s in recipe.data.sources:
+        if not s.holdout:
+            lines.append(f"  {s.name}: none (holdout {s.holdout!r})")
+            continue
+        entry = recorded_holdout(s.path) if os.path.isdir(s.path) else None
+        if entry is not None:
+            size = f"{entry['documents']:,} documents, {entry['tokens']:,} tokens"
+        elif isinstance(s.holdout, int):
+            size = f"expected {s.holdout:,} documents"
+        elif s.expected_tokens:
+            size = f"expected ~{round(s.holdout * s.expected_tokens):,} tokens (of expected_tokens {s.expected_tokens:,})"
+        else:
+            size = "size unknown (no expected_tokens)"
+        split = "" if entry is not None else ", not split yet"
+        lines.append(f"  {s.name}: {size}; holdout {s.holdout!r}{split}: {held_out_dir(s.path)}")
+    for name, path in R.validation_sets(recipe).items():
+        if path in e.val_sources:
+            try:
+                m = load_manifest(path)
+                size = f"{m['num_documents']:,} documents, {m['num_tokens']:,} tokens"
+            except ValueError as err:
+                size = f"unreadable: {err}"
+            lines.append(f"  {name}: {size}; [eval] val_sources: {path}")
+    return lines
 
 
 def pairs_report(recipe: R.Recipe) -> str:

@@ -17,6 +17,7 @@ from matplotlib.figure import Figure as MplFigure
 from matplotlib.ticker import EngFormatter, FuncFormatter
 
 from rundir import PLAN_FILE
+from train.callbacks.eval import VAL_BPB, VAL_LOSS, per_set
 from train.preference.metrics import EVAL_ACCURACY, REWARDS_ACCURACY, REWARDS_CHOSEN, REWARDS_MARGIN, REWARDS_REJECTED
 from train.report.runs import Run
 
@@ -208,10 +209,15 @@ def _eval_panels(runs: list[Run], out: Path, name: str, title: str, keys: list[t
 
 
 def evals(runs: list[Run], out: Path) -> list[Figure]:
-    """Validation, CORE (the average, then a panel per task), lm-eval tasks, HumanEval+/MBPP+."""
-    val = _eval_panels(runs, out, "validation", "validation loss and bits per byte",
-                       [("eval/val_loss", "loss (nats/token)"), ("eval/val_bpb", "bits per byte")], 2,
-                       "no validation in evals/step-N.json ([eval] val_sources)")
+    """Validation (over every held-out set, then a panel per set: phase 2 continues phase 1's
+    lines on the token axis), CORE (the average, then a panel per task), lm-eval tasks, HumanEval+/MBPP+."""
+    val = _eval_panels(runs, out, "validation", "validation loss and bits per byte, every held-out set",
+                       [(VAL_LOSS, "loss (nats/token)"), (VAL_BPB, "bits per byte")], 2,
+                       "no validation in evals/step-N.json ([data] holdout, [eval] val_sources)")
+    sets = sorted({k.removeprefix(per_set(VAL_LOSS, "")) for run in runs for k in run.eval_keys(per_set(VAL_LOSS, ""))})
+    per_source = _eval_panels(runs, out, "validation_sets", "validation loss (nats/token) per held-out set",
+                              [(per_set(VAL_LOSS, name), name) for name in sets], 4,
+                              "no per-set validation in evals/step-N.json ([data] holdout)")
     core_keys = sorted({k for run in runs for k in run.eval_keys("core/")})
     average = [(k, k.removeprefix("core/")) for k in core_keys if "CORE_" in k]
     tasks = [(k, k.split("/")[1]) for k in core_keys if k.endswith("/acc")]
@@ -222,7 +228,7 @@ def evals(runs: list[Run], out: Path) -> list[Figure]:
                       "no lm-eval tasks in evals/step-N.json ([eval] lm_eval_tasks)")
     code = _eval_panels(runs, out, "code", "HumanEval+ / MBPP+ pass@1", [(k, k) for k in EVALPLUS_KEYS], 4,
                         "no HumanEval+/MBPP+ in evals/step-N.json ([eval] evalplus)")
-    return [val, core, lm, code]
+    return [val, per_source, core, lm, code]
 
 
 def preference(runs: list[Run], out: Path) -> Figure:

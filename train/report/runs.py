@@ -207,7 +207,26 @@ def header(run: Run) -> list[tuple[str, str]]:
         ("milestone checkpoints", ", ".join(f"step {s:,}" for s in milestones) or "none"),
         ("last export", f"{export} ({_mtime(export / 'config.json')})" if (export / "config.json").exists()
                         else "none"),
+        ("decontamination", decontamination(run)),
     ]
+
+
+def decontamination(run: Run) -> str:
+    """Documents each source's tokenization dropped as benchmark overlap, by its manifest (data.decontaminate)."""
+    from data.shards import ShardError, load_manifest
+
+    sources, done = run.recipe["data"]["sources"], []
+    for source in sources:
+        path = Path(source["path"]) if Path(source["path"]).is_absolute() else rundir.REPO / source["path"]
+        try:
+            entry = load_manifest(path).get("decontamination")
+        except ShardError:  # not on this machine: say so rather than "none"
+            done.append(f"{source['name']}: no manifest here")
+            continue
+        if entry:
+            dropped = ", ".join(f"{b} {n:,}" for b, n in entry["dropped"].items())
+            done.append(f"{source['name']}: {dropped} documents dropped ({entry['n_grams']}-grams)")
+    return "; ".join(done) or f"none of the {len(sources)} sources"
 
 
 def goodput(path: Path) -> str:

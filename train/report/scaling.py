@@ -2,11 +2,13 @@
 against training FLOPs, with its uncertainty, and read at the 2B recipe's compute.
 
 The fit: for a fixed exponent ``b`` the law is linear in ``a`` and ``c``, solved exactly by least
-squares; ``b`` is then the one-dimensional minimum of the residual (a grid, then golden-section
-refinement): no starting guess to get wrong, numpy only. The uncertainty is the usual
-linearised one: the parameters' covariance ``s^2 (J^T J)^-1`` from the Jacobian at the optimum with
-``s^2`` the residual variance over ``n - 3`` degrees of freedom, and a prediction's standard error
-by the delta method. With 4 sizes that is 1 degree of freedom: the error bars are wide, and say so.
+squares; ``b`` is then the one-dimensional minimum of the residual (a grid, every exponent of it
+solved at once, then scipy's bounded Brent search between the grid's neighbours): no starting guess
+to get wrong. The uncertainty is the usual linearised one: the parameters' covariance
+``s^2 (J^T J)^-1`` from the Jacobian at the optimum with ``s^2`` the residual variance over ``n - 3``
+degrees of freedom, and a prediction's standard error by the delta method (both checked against
+the spread of fits of a known law with noise added). With 4 sizes that is 1 degree of freedom: the
+error bars are wide, and say so.
 
 What it can and cannot promise: it interpolates the sizes it saw and extrapolates along the same
 law; it assumes every size was trained the same way (same data, schedule shape, tokens per
@@ -24,8 +26,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import minimize_scalar
 
-GOLDEN = (math.sqrt(5) - 1) / 2
 MIN_SIZES = 4  # model sizes a fit needs: 3 parameters and at least one degree of freedom
 B_RANGE = (1e-3, 2.0)  # exponents searched, wide around published ones (Kaplan et al. 2020, loss vs compute: 0.050)
 
@@ -51,11 +53,14 @@ class Fit:
         return self.a * x + self.c, float(math.sqrt(max(grad @ self.cov @ grad, 0.0)))
 
 
-def _linear(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
-    """(a, c, rss) of the least-squares ``y = a x + c``."""
-    A = np.stack([x, np.ones_like(x)], axis=1)
-    (a, c), *_ = np.linalg.lstsq(A, y, rcond=None)
-    return float(a), float(c), float(np.sum((A @ np.array([a, c]) - y) ** 2))
+def _linear(x: np.ndarray, y: np.ndarray) -> tuple:
+    """(a, c, rss) of the least-squares ``y = a x + c`` (centred normal equations); a 2-D ``x`` fits
+    each row, one per candidate exponent, at once."""
+    x_mean = x.mean(axis=-1, keepdims=True)
+    dx = x - x_mean
+    a = (dx @ (y - y.mean())) / np.sum(dx * dx, axis=-1)
+    c = y.mean() - a * x_mean[..., 0]
+    return a, c, np.sum((a[..., None] * x + c[..., None] - y) ** 2, axis=-1)
 
 
 def fit_power_law(flops, losses, b_range: tuple[float, float] = B_RANGE) -> Fit:
@@ -67,13 +72,10 @@ def fit_power_law(flops, losses, b_range: tuple[float, float] = B_RANGE) -> Fit:
     u = C / scale
     rss = lambda b: _linear(u ** -b, L)[2]  # noqa: E731
     grid = np.linspace(*b_range, 400)
-    i = int(np.argmin([rss(b) for b in grid]))
-    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
-    for _ in range(100):  # golden section on the bracket around the grid's best
-        m1, m2 = hi - GOLDEN * (hi - lo), lo + GOLDEN * (hi - lo)
-        lo, hi = (lo, m2) if rss(m1) < rss(m2) else (m1, hi)
-    b = (lo + hi) / 2
-    a_u, c, r = _linear(u ** -b, L)
+    i = int(np.argmin(_linear(u ** -grid[:, None], L)[2]))
+    bracket = (grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)])  # around the grid's best
+    b = float(minimize_scalar(rss, bounds=bracket, method="bounded", options={"xatol": 1e-12}).x)
+    a_u, c, r = (float(v) for v in _linear(u ** -b, L))
     a = a_u * scale ** b  # a * C^-b == a_u * (C/scale)^-b
     # Covariance in (a_u, b, c), normalised units, then a's row and column mapped to a.
     x = u ** -b

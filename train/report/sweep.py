@@ -4,57 +4,68 @@
 
 writes into the sweep dir (or ``--out``):
 
-- ``comparison.csv``: a row per run, ``variant,seed,run_dir,tokens,train_loss,val_loss,val_bpb,
-  tokens_per_s``, the values its ``metrics.jsonl`` holds at the compared step;
+- ``comparison.csv``: a row per run, ``variant,seed,run_dir,tokens,at,train_loss,val_loss,val_bpb,
+  tokens_per_s``, its values at the compared token count (``at``: the step they were logged at, or
+  the two steps they were interpolated between);
 - ``summary.csv``: a row per variant, ``variant,n,val_loss_mean,val_loss_std,delta_vs_baseline,
-  sigmas,verdict``;
+  sigmas,dof,verdict``;
 - ``report.html``: that table, then every run's curves coloured by variant (CORE too where evaluated);
 
 and prints the summary with the token count it compares at.
 
-Equal tokens: the compared step is the last step at which every run logged a validation loss
-(``eval/val_loss``; runs cut at different steps are compared where all have data). When some run
-has no validation at all, the runs are compared on training loss at the last step every run
-logged one, and the table says so (the columns keep their names).
+Equal tokens: a run's token axis is its step x the tokens per step of its own ``recipe.toml``
+(``global_batch x seq_len``, train/report/runs.py), so variants of different batch or sequence
+length line up. The compared token count is the largest one every run reached with a validation
+loss (``eval/val_loss``): the smallest of the runs' last validated token counts. Each run's value
+there is the one it logged at that token count, else the linear interpolation between the two
+logged points around it (said in ``at`` and in a note); every column is read the same way. When
+some run has no validation loss, or the runs' validated token ranges do not overlap, the runs are
+compared on training loss the same way, and the table says so (the columns keep their names).
 
 Seed noise, honestly: a variant with losses ``x_1..x_n`` (one per seed) against the baseline's
-``y_1..y_m`` differs by ``delta = mean(x) - mean(y)``; its standard error is the two-sample
-one, ``se = s_p * sqrt(1/n + 1/m)``, with ``s_p`` the seed standard deviation pooled over the
-two variants (``n + m - 2`` degrees of freedom); ``sigmas = delta / se``. A difference is
-``within seed noise`` unless ``|sigmas|`` exceeds Student's t at 95% two-sided for those
-degrees of freedom (4.30 for 2 seeds each, 2.45 for 4): with few seeds the noise estimate is
-itself noisy, and a plain 2-sigma rule would call chance a result. Lower loss is better.
+``y_1..y_m`` differs by ``delta = mean(x) - mean(y)``; ``sigmas`` is Welch's t,
+``delta / sqrt(s_x^2/n + s_y^2/m)``, with the Welch-Satterthwaite degrees of freedom
+(``scipy.stats.ttest_ind(equal_var=False)``): a variant may change the seed spread itself (an
+unstable one scatters more), so the two variances are not pooled. A difference is ``within seed
+noise`` unless ``|sigmas|`` exceeds Student's t at 95% two-sided for those degrees of freedom
+(``scipy.stats.t.ppf(0.975, dof)``: 4.30 at 2, 2.78 at 4): with few seeds the noise estimate is
+itself noisy, and a plain 2-sigma rule would call chance a result. A variant or baseline with one
+seed has no spread of its own to estimate: its delta is given without a verdict. Lower loss is better.
 """
 
 from __future__ import annotations
 
+import bisect
 import csv
 import html
 import json
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+from scipy import stats
+
 from rundir import COMPARISON_FILE, RECIPE_FILE, REPORT_PAGE, SUMMARY_FILE, SWEEP_FILE
 from rundir.table import text_table
+from train.callbacks.eval import VAL_BPB, VAL_LOSS
 from train.report.runs import ReportError, Run, read_run
 
-TRAIN, VAL, BPB, TPS = "loss_metrics/global_avg_loss", "eval/val_loss", "eval/val_bpb", "throughput(tps)"
-COMPARISON_FIELDS = ["variant", "seed", "run_dir", "tokens", "train_loss", "val_loss", "val_bpb", "tokens_per_s"]
-SUMMARY_FIELDS = ["variant", "n", "val_loss_mean", "val_loss_std", "delta_vs_baseline", "sigmas", "verdict"]
-# Student's t, 97.5% quantile (95% two-sided) by degrees of freedom; beyond the table: the normal's
-# 1.96. Standard table values (tests/train/test_sweep_report.py checks them against scipy.stats.t).
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+TRAIN, TPS = "loss_metrics/global_avg_loss", "throughput(tps)"  # torchtitan's names
+VAL, BPB = VAL_LOSS, VAL_BPB
+COMPARISON_FIELDS = ["variant", "seed", "run_dir", "tokens", "at", "train_loss", "val_loss", "val_bpb",
+                     "tokens_per_s"]
+SUMMARY_FIELDS = ["variant", "n", "val_loss_mean", "val_loss_std", "delta_vs_baseline", "sigmas", "dof", "verdict"]
 
 
 def is_sweep(path: Path) -> bool:
     return (Path(path) / SWEEP_FILE).is_file()
 
 
-def t_critical(dof: int) -> float:
-    """The 95% two-sided threshold for ``dof`` degrees of freedom (the next smaller tabled dof: conservative)."""
-    return T_975[max(d for d in T_975 if d <= dof)] if dof <= max(T_975) else 1.96
+def t_critical(dof: float) -> float:
+    """The 95% two-sided threshold of Student's t with ``dof`` (Welch's: fractional) degrees of freedom."""
+    return float(stats.t.ppf(0.975, dof))
 
 
 @dataclass
@@ -66,9 +77,8 @@ class SweepRun:
 
 @dataclass
 class Comparison:
-    step: int
-    tokens: int
-    metric: str  # VAL, or TRAIN when some run has no validation
+    tokens: int  # the token count every run is read at
+    metric: str  # VAL, or TRAIN when the runs cannot be compared on validation
     rows: list[dict]  # COMPARISON_FIELDS
     summary: list[dict]  # SUMMARY_FIELDS
     notes: list[str]
@@ -97,67 +107,84 @@ def read_sweep(folder: Path) -> tuple[dict, list[SweepRun], list[str]]:
     return record, runs, notes
 
 
-def compared_step(runs: list[SweepRun]) -> tuple[int, str]:
-    """(step, metric): the last step at which every run logged ``VAL``, else ``TRAIN``."""
+def value_at(run: Run, key: str, tokens: int) -> tuple[float | None, str]:
+    """``run``'s ``key`` at ``tokens`` and where it comes from: the value logged at that token count
+    (``step N``), else the linear interpolation between the logged points around it (``steps N-M,
+    interpolated``); None outside the range the run logged it in."""
+    steps, values = run.series(key)
+    xs = [run.tokens(s) for s in steps]
+    if not xs or not xs[0] <= tokens <= xs[-1]:
+        return None, ""
+    i = bisect.bisect_left(xs, tokens)
+    at = f"step {steps[i]}" if xs[i] == tokens else f"steps {steps[i - 1]}-{steps[i]}, interpolated"
+    return float(np.interp(tokens, xs, values)), at
+
+
+def compared_tokens(runs: list[SweepRun]) -> tuple[int, str, list[str]]:
+    """(tokens, metric, why not validation): the largest token count inside every run's logged range of
+    ``VAL`` (the smallest of the runs' last ones), else of ``TRAIN``."""
+    why = []
     for metric in (VAL, TRAIN):
-        steps = [set(r.run.series(metric)[0]) for r in runs]
-        if all(steps) and (common := set.intersection(*steps)):
-            return max(common), metric
-    raise ReportError("no step at which every run logged a training loss: "
-                      + ", ".join(f"{r.run.path.name} up to step {r.run.last_step}" for r in runs))
-
-
-def _value(run: Run, step: int, key: str):
-    value = run.rows.get(step, {}).get(key)
-    return None if value is None else float(value)
+        spans = [[r.run.tokens(s) for s in r.run.series(metric)[0]] for r in runs]
+        if missing := [r.run.path.name for r, xs in zip(runs, spans) if not xs]:
+            why.append(f"no {metric} in {', '.join(missing)}")
+            continue
+        last = min(xs[-1] for xs in spans)
+        if max(xs[0] for xs in spans) <= last:
+            return int(last), metric, why
+        why.append(f"the runs' {metric} token ranges do not overlap: " + ", ".join(
+            f"{r.run.path.name} {xs[0]:,}-{xs[-1]:,}" for r, xs in zip(runs, spans)))
+    raise ReportError("no token count at which every run logged a training loss: " + "; ".join(why))
 
 
 def compare(runs: list[SweepRun], baseline: str, order: list[str]) -> Comparison:
-    step, metric = compared_step(runs)
-    tokens = {r.run.tokens(step) for r in runs}
+    tokens, metric, why = compared_tokens(runs)
+    rows = []
+    for r in runs:
+        read = {column: value_at(r.run, key, tokens) for column, key in
+                (("train_loss", TRAIN), ("val_loss", VAL), ("val_bpb", BPB), ("tokens_per_s", TPS))}
+        rows.append({"variant": r.variant, "seed": r.seed, "run_dir": str(r.run.path), "tokens": tokens,
+                     "at": read["val_loss" if metric == VAL else "train_loss"][1],
+                     **{column: value for column, (value, _) in read.items()}})
     notes = []
-    if len(tokens) > 1:
-        notes.append(f"the runs differ in tokens per step: step {step} is {sorted(tokens)} tokens")
-    rows = [{"variant": r.variant, "seed": r.seed, "run_dir": str(r.run.path), "tokens": int(r.run.tokens(step)),
-             "train_loss": _value(r.run, step, TRAIN), "val_loss": _value(r.run, step, VAL),
-             "val_bpb": _value(r.run, step, BPB), "tokens_per_s": _value(r.run, step, TPS)} for r in runs]
+    if len(per_step := sorted({r.run.tokens_per_step for r in runs})) > 1:
+        notes.append(f"the runs differ in tokens per step ({', '.join(f'{t:,}' for t in per_step)}): each is read "
+                     f"at {tokens:,} tokens, whatever its step")
+    if between := [f"{Path(row['run_dir']).name} ({row['at'].removesuffix(', interpolated')})" for row in rows
+                   if row["at"].endswith("interpolated")]:
+        notes.append(f"interpolated linearly between two logged points at {tokens:,} tokens: {', '.join(between)}")
+    if metric == TRAIN:
+        notes.append(f"compared on training loss (val_loss_* columns hold it): {'; '.join(why)}")
     key = "val_loss" if metric == VAL else "train_loss"
     losses = {v: [row[key] for row in rows if row["variant"] == v and row[key] is not None] for v in order}
     summary = [summarize(v, losses[v], losses.get(baseline, []), v == baseline) for v in order if losses[v]]
-    if metric == TRAIN:
-        notes.append("no validation loss in every run: compared on training loss (val_loss_* columns hold it)")
-    return Comparison(step, int(max(tokens)), metric, rows, summary, notes)
-
-
-def _std(xs: list[float]) -> float | None:
-    if len(xs) < 2:
-        return None
-    mean = sum(xs) / len(xs)
-    return math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+    return Comparison(tokens, metric, rows, summary, notes)
 
 
 def summarize(variant: str, xs: list[float], base: list[float], is_baseline: bool) -> dict:
     """One summary row: the variant's seeds against the baseline's (see the module's docstring)."""
-    mean, std = sum(xs) / len(xs), _std(xs)
-    row = {"variant": variant, "n": len(xs), "val_loss_mean": mean, "val_loss_std": std,
-           "delta_vs_baseline": None, "sigmas": None, "verdict": "baseline" if is_baseline else ""}
+    mean = statistics.fmean(xs)
+    row = {"variant": variant, "n": len(xs), "val_loss_mean": mean,
+           "val_loss_std": statistics.stdev(xs) if len(xs) > 1 else None, "delta_vs_baseline": None,
+           "sigmas": None, "dof": None, "verdict": "baseline" if is_baseline else ""}
     if is_baseline:
         row["delta_vs_baseline"] = 0.0
         return row
     if not base:
         row["verdict"] = "no baseline run to compare with"
         return row
-    delta = mean - sum(base) / len(base)
-    row["delta_vs_baseline"] = delta
-    dof = len(xs) + len(base) - 2
-    if dof < 1:
-        row["verdict"] = f"{_signed(delta)}; no seed-noise estimate (one seed each: run more seeds)"
+    delta = row["delta_vs_baseline"] = mean - statistics.fmean(base)
+    if single := [who for who, seeds in ((variant, xs), ("the baseline", base)) if len(seeds) < 2]:
+        row["verdict"] = f"{_signed(delta)}; no seed-noise estimate ({' and '.join(single)}: one seed; run more seeds)"
         return row
-    pooled = ((len(xs) - 1) * (std or 0.0) ** 2 + (len(base) - 1) * (_std(base) or 0.0) ** 2) / dof
-    se = math.sqrt(pooled * (1 / len(xs) + 1 / len(base)))
-    sigmas = delta / se if se > 0 else (0.0 if delta == 0 else math.copysign(math.inf, delta))
-    row["sigmas"] = sigmas
-    row["verdict"] = ("within seed noise" if abs(sigmas) < t_critical(dof)
+    if statistics.stdev(xs) == statistics.stdev(base) == 0:  # no spread at all: Welch's t is undefined
+        row["sigmas"] = 0.0 if delta == 0 else math.copysign(math.inf, delta)
+        row["verdict"] = "within seed noise" if delta == 0 else f"{_signed(delta)} (no seed spread)"
+        return row
+    welch = stats.ttest_ind(xs, base, equal_var=False)
+    sigmas = row["sigmas"] = float(welch.statistic)
+    row["dof"] = float(welch.df)
+    row["verdict"] = ("within seed noise" if abs(sigmas) < t_critical(row["dof"])
                       else f"{_signed(delta)} ({abs(sigmas):.1f} sigma)")
     return row
 
@@ -189,9 +216,10 @@ def summary_lines(c: Comparison) -> list[str]:
     header = ["variant", "n", "mean", "std", "delta", "sigmas", "verdict"]
     rows = [[r["variant"], str(r["n"]), f"{r['val_loss_mean']:.4f}", _fmt(r["val_loss_std"], ".4f"),
              _fmt(r["delta_vs_baseline"], "+.4f"), _fmt(r["sigmas"], "+.1f"), r["verdict"]] for r in c.summary]
-    return [f"{what} at step {c.step:,} = {c.tokens:,} tokens (the last step every run reached with it); "
-            f"sigma: the two-sample standard error from the seeds of the variant and the baseline; "
-            f"within seed noise: |sigmas| below Student's t at 95%", *text_table(header, rows), *c.notes]
+    return [f"{what} at {c.tokens:,} tokens (the most every run reached with it; each run's value logged there or "
+            "interpolated: comparison.csv's at); sigmas: Welch's t over the seeds of the variant and the baseline; "
+            "within seed noise: |sigmas| below Student's t at 95% (Welch's dof)",
+            *text_table(header, rows), *c.notes]
 
 
 def _fmt(value, spec: str) -> str:

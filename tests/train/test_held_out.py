@@ -1,0 +1,120 @@
+"""Held-out sets in a run (data.holdout): the preflight refuses a source whose held-out set is missing
+or split otherwise, naming the command that splits it; the dry run lists every set with its size; the
+in-loop validation scores each set and weights their mean by tokens."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from data import holdout as H
+from data.mixture import IGNORE_INDEX, Mixture, SourceSpec
+from data.tokenizer import Tokenizer
+from eval.spec import EvalSpec
+from tests.data.test_holdout import random_docs, write_source
+from train import data as train_data
+from train import recipe as R
+from train.build import preflight
+from train.callbacks.eval import VAL_BPB, VAL_LOSS, Eval, per_set, token_bytes
+from train.plan.data import data_report
+
+
+def with_source(tmp_path, path, *sets):
+    return ["run.output_dir=" + str(tmp_path / "run"), "training.steps=2", "schedule.warmup_steps=1",
+            f'data.sources=[{{name = "a", path = "{path}", weight = 1.0, max_epochs = 1000}}]', *sets]
+
+
+def test_a_source_without_its_held_out_set_is_refused_with_the_command_that_splits_it(tmp_path):
+    source = write_source(tmp_path / "a", [random_docs(100, seed=1)])
+    sets = with_source(tmp_path, source, "data.holdout=0.2")
+    recipe = R.load("tiny.toml", sets)
+    (problem,) = preflight(recipe, world_size=1).problems
+    command = f"python -m train.data holdout --recipe {recipe.path} --source a"
+    assert problem == (f"{recipe.path}: [data.sources[0]] holdout: source 'a' has no held-out set ({source / 'heldout'}); "
+                       f"split it off without re-tokenizing: {command}")
+    # the command it names, with the same --set values, splits it; then the recipe passes
+    args = ["holdout", "--recipe", "tiny.toml", *(f"--set={s}" for s in sets), "--source", "a"]
+    assert train_data.main(args) == 0
+    assert preflight(R.load("tiny.toml", sets), world_size=1).problems == []
+
+    other = R.load("tiny.toml", with_source(tmp_path, source, "data.holdout=0.3"))
+    (problem,) = preflight(other, world_size=1).problems
+    assert problem == (f"{other.path}: [data.sources[0]] holdout: source 'a' is 0.3, but "
+                       f"{source / 'heldout' / 'manifest.json'} records holdout 0.2: give that, or tokenize the source again")
+
+    (source / "heldout" / "00000_unshuffled.ds").write_bytes(b"\0")  # a damaged held-out set, named
+    (problem,) = preflight(R.load("tiny.toml", sets), world_size=1).problems
+    assert problem.startswith(f"{recipe.path}: [data.sources[0]] holdout: source 'a': ") and "00000_unshuffled.ds" in problem
+
+
+def test_a_source_may_hold_out_otherwise_or_nothing():
+    recipe = R.load("sft.toml", ["checkpoint.init_from=null"])
+    assert {s.name: s.holdout for s in recipe.data.sources} == {
+        "tulu3-mixture": 500, "self-oss-instruct": 500, "identity": 0, "code": 0.0001}
+    assert list(R.validation_sets(recipe)) == ["tulu3-mixture", "self-oss-instruct", "code"]
+
+
+def test_the_dry_run_lists_each_held_out_set_with_what_its_shards_hold(tmp_path):
+    recipe = R.load("tiny.toml", [f"run.output_dir={tmp_path / 'run'}"])
+    report = data_report(recipe)
+    for s in recipe.data.sources:  # counted from the shards' bytes, not read from a manifest
+        held = H.held_out_dir(s.path)
+        documents = sum(p.stat().st_size // 8 for p in held.glob("*.ds.index"))
+        tokens = sum(p.stat().st_size // 2 for p in held.glob("*.ds"))
+        assert f"  {s.name}: {documents:,} documents, {tokens:,} tokens; holdout 0.1: {held}\n" in report + "\n"
+    assert "held-out sets (never trained on; validated every 100 steps and at the end, 16 x 128 tokens of each): " \
+           "eval/val_loss/<name>, eval/val_bpb/<name>" in report
+
+
+class Unigram(torch.nn.Module):
+    """Logits that ignore the context: every position scores the vocabulary with one fixed vector."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.bias = torch.randn(vocab, generator=torch.Generator().manual_seed(0))
+
+    def forward(self, ids, positions=None):
+        return self.bias.expand(*ids.shape, -1)
+
+
+def test_validation_scores_every_set_and_weights_their_mean_by_tokens(tmp_path):
+    """Two sets of different sizes in tokens (one keeps only odd ids as labels, a chat mask), scored
+    by hand from the unigram's log-softmax over the same samples."""
+    sets = {"plain": str(write_source(tmp_path / "plain", [random_docs(40, seed=1)])),
+            "masked": str(write_source(tmp_path / "masked", [random_docs(40, seed=2)], loss=True))}
+    tok, model, seq_len, micro = Tokenizer(), Unigram(4096), 16, 2
+    hook = Eval(Eval.Config(spec=EvalSpec(val_samples=3), val_sets=sets), trainer=None)
+    trainer = SimpleNamespace(config=SimpleNamespace(training=SimpleNamespace(seq_len=seq_len, local_batch_size=micro)),
+                              tokenizer=SimpleNamespace(tokenizer=tok), model_parts=[model], device="cpu")
+    got = hook.validation(trainer)
+
+    logp, nbytes = torch.log_softmax(model.bias, -1).numpy(), token_bytes(tok.sp)
+    totals = {}
+    for name, path in sets.items():  # ceil(3 / 2) batches of 2: samples 0-3 of each set
+        labels = Mixture([SourceSpec(name, path, weight=1.0, max_epochs=1e9)], seq_len).batch(np.arange(4))["labels"]
+        kept = labels[labels != IGNORE_INDEX]
+        totals[name] = (-logp[kept].sum(), len(kept), nbytes[kept].sum())
+        assert abs(got[per_set(VAL_LOSS, name)] - totals[name][0] / totals[name][1]) < 1e-5
+        assert abs(got[per_set(VAL_BPB, name)] - totals[name][0] / math.log(2) / totals[name][2]) < 1e-5
+    (n1, t1, b1), (n2, t2, b2) = totals.values()
+    assert t2 < t1 * 0.8  # the mask keeps fewer labels: a plain average of the two would differ
+    assert abs(got[VAL_LOSS] - (n1 + n2) / (t1 + t2)) < 1e-5
+    assert abs(got[VAL_LOSS] - (n1 / t1 + n2 / t2) / 2) > 1e-3
+    assert abs(got[VAL_BPB] - (n1 + n2) / math.log(2) / (b1 + b2)) < 1e-5
+
+
+def test_a_bad_holdout_is_refused_naming_the_file_and_key(tmp_path):
+    import pytest
+
+    text = (R.RECIPES / "tiny.toml").read_text().replace('max_epochs = 4\n', 'max_epochs = 4\nholdout = 1.5\n', 1)
+    (tmp_path / "bad.toml").write_text(text)
+    with pytest.raises(R.RecipeError) as e:
+        R.load(str(tmp_path / "bad.toml"))
+    assert str(e.value) == (f"{tmp_path / 'bad.toml'}: [data.sources[0]] source 'prose' (assets/sample_data/prose): "
+                            "holdout: a fraction must be in (0, 1) (a document count is an integer), got 1.5")
+    with pytest.raises(R.RecipeError, match=r"^--set data.holdout=-3 \(over .*tiny.toml\): \[data\] holdout: "
+                                            r"a document count must be >= 1 \(0: no holdout\), got -3$"):
+        R.load("tiny.toml", ["data.holdout=-3"])
