@@ -568,6 +568,8 @@ def resolve(recipe: Recipe) -> None:
         pref.gamma = 0.3 * pref.beta
     if pref.beta <= 0 or not 0 <= pref.label_smoothing < 0.5:
         fail("preference", f"beta must be > 0 and label_smoothing in [0, 0.5) (got {pref.beta}, {pref.label_smoothing})")
+    if pref.loss and t.spike_rollbacks:  # train.callbacks.rollback counts skipped data in mixture tokens
+        fail("training", "spike_rollbacks: not available in a preference run (the spike guard's skips are)")
     if pref.loss and t.micro_batch % 2:
         fail("training", f"micro_batch: {t.micro_batch} is odd; a preference run's micro batch holds whole pairs")
     par = recipe.parallel
