@@ -2,8 +2,8 @@
 
 As open-instruct's ``build_reference_logprobs_cache`` (``open_instruct/dpo_utils.py``) does, and
 unlike torchtune's ``full_dpo_distributed`` (a second, frozen, FSDP-sharded model kept in memory):
-before step 1 the policy IS the reference, so the trainer runs it once over every pair with no
-gradients, on the same ranks and the same micro batch shape as training (each rank a share, merged
+before step 1 the policy IS the reference, so the trainer runs it once over every pair, forward
+only, on the same ranks and the same micro batch shape as training (each rank a share, merged
 across ranks), writes the result in the run dir and keeps only the numbers. TRL's
 ``precompute_ref_log_probs`` is the same idea.
 
@@ -84,7 +84,7 @@ def load(path: Path, pairs: PairSet) -> np.ndarray:
 
 def pair_logps(model: torch.nn.Module, pairs: PairSet, local_pairs: int, average: bool, device: torch.device,
                beat: Callable[[], None] = lambda: None) -> np.ndarray:
-    """[pairs, 2] (chosen, rejected) log-probs of ``model`` on every pair, no gradients: rank r of W
+    """[pairs, 2] (chosen, rejected) log-probs of ``model`` on every pair (no backward): rank r of W
     takes pairs ``c * k * W + r * k + j`` of chunk c (k = ``local_pairs``, the training micro batch's),
     every rank the same number of forwards (the last chunk padded with pair 0, dropped), then the
     ranks' results are gathered. ``beat`` is called before each forward (the heartbeat)."""
@@ -93,18 +93,18 @@ def pair_logps(model: torch.nn.Module, pairs: PairSet, local_pairs: int, average
     n, k = len(pairs), local_pairs
     chunks = math.ceil(n / (k * world))
     mine = torch.zeros(chunks * k, 2, dtype=torch.float32, device=device)
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        for c in range(chunks):
-            ids = np.arange(c * k * world + rank * k, c * k * world + (rank + 1) * k)
-            batch = pairs.rows(np.where(ids < n, ids, 0))
-            beat()
-            logits = model(torch.from_numpy(batch["input_ids"]).to(device),
-                           positions=torch.from_numpy(batch["positions"]).to(device))
-            logps = sequence_logps(logits, torch.from_numpy(batch["labels"]).to(device), average)
-            mine[c * k:(c + 1) * k] = torch.stack([logps[:k], logps[k:]], dim=1)
-    model.train(was_training)
+    # With autograd on, as training's forward: the same (compiled) graph gives the numbers step 1 gets,
+    # and under no_grad Dynamo cannot trace the model's autograd.Function (save_for_backward on a
+    # FakeTensor). Nothing is kept: each chunk's graph goes with its logits.
+    for c in range(chunks):
+        ids = np.arange(c * k * world + rank * k, c * k * world + (rank + 1) * k)
+        batch = pairs.rows(np.where(ids < n, ids, 0))
+        beat()
+        logits = model(torch.from_numpy(batch["input_ids"]).to(device),
+                       positions=torch.from_numpy(batch["positions"]).to(device))
+        logps = sequence_logps(logits, torch.from_numpy(batch["labels"]).to(device), average).detach()
+        del logits
+        mine[c * k:(c + 1) * k] = torch.stack([logps[:k], logps[k:]], dim=1)
     if world > 1:
         gathered = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(gathered, mine)
