@@ -93,6 +93,7 @@ class SourceSpec:
     text_key: str = "text"
     chat_key: str | None = None
     pairs: bool = False  # preference pairs (data.pairs): prompt/chosen/rejected rows, two documents each
+    expected_pairs: int | None = None  # a pair source's size by its card (rows): a preference run's size check
     exclude: dict[str, list[str]] = field(default_factory=dict)
     # Documents held out of training into <path>/heldout (data.holdout), validated on in the loop: a fraction,
     # a document count, 0 for none; None: the recipe's [data] holdout.
@@ -111,6 +112,8 @@ class SourceSpec:
             raise MixtureError(f"{where}: max_epochs must be > 0, got {self.max_epochs}")
         if self.expected_tokens is not None and self.expected_tokens <= 0:
             raise MixtureError(f"{where}: expected_tokens must be > 0, got {self.expected_tokens}")
+        if self.expected_pairs is not None and (self.expected_pairs <= 0 or not self.pairs):
+            raise MixtureError(f"{where}: expected_pairs must be > 0, on a pairs source; got {self.expected_pairs}")
         if self.hub_id and self.input:
             raise MixtureError(f"{where}: give at most one of hub_id and input")
         if self.pairs and self.chat_key:

@@ -22,6 +22,7 @@ a SLURM batch script can use it::
     <run>/plan.json                   the memory plan the report draws (train.report --plan-gpu)
     <run>/hf/                         the end-of-run Hugging Face export (default)
     <run>/tensorboard/, compile_cache/
+    <run>/reference_logps/            a preference run's reference log-probs, one file per key
     <sweep>/sweep.json                a sweep dir (launch.sweep): its record, a dir per run, logs/,
     <sweep>/comparison.csv ...        and train.report's comparison.csv, summary.csv, report.html
 
@@ -56,6 +57,7 @@ LAUNCHES_DIR = "launches"
 EXPORT_DIR = "hf"  # the end-of-run Hugging Face export, unless [checkpoint] export_dir says otherwise
 TENSORBOARD_DIR = "tensorboard"
 COMPILE_CACHE_DIR = "compile_cache"  # [run] compile_cache's default
+REFERENCE_LOGPS_DIR = "reference_logps"  # a preference run's reference log-probs, <role>-<key>.npy (train.preference.reference)
 ALERTS_FILE = "alerts.jsonl"
 ROLLBACKS_FILE = "rollbacks.jsonl"
 STALLS_DIR = "stalls"

@@ -19,10 +19,13 @@ from rundir import REPO
 
 LAYERS = ["rundir", "data", "models", "eval", "train", "launch", "bench"]
 TRAIN_ROOMS = [
-    ["train.exits", "train.recipe", "train.cpu", "train.snapshot"],
+    ["train.exits", "train.recipe", "train.cpu", "train.snapshot",
+     # a preference run's parts below its trainer: losses, pairs, reference log-probs, its plan
+     "train.preference.loss", "train.preference.metrics", "train.preference.pairs", "train.preference.reference",
+     "train.preference.plan"],
     ["train.health"],
     ["train.callbacks"],
-    ["train.titan", "train.trainer"],
+    ["train.titan", "train.trainer", "train.preference"],  # train.preference.trainer (and the package)
     ["train.build"],
     ["train.plan"],
     ["train.report"],

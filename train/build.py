@@ -43,6 +43,7 @@ from train.callbacks.export import Export
 from train.callbacks.heartbeat import Heartbeat
 from train.callbacks.metrics_file import MetricsFile
 from train.callbacks.preemption import Preemption
+from train.callbacks.pref_eval import PrefEval
 from train.callbacks.progress import Progress
 from train.callbacks.replica_check import ReplicaCheck
 from train.callbacks.report import Report
@@ -54,6 +55,8 @@ from train.recipe import (Recipe, RecipeError, check_keys, check_needs, check_va
                           validation_sets)
 from train.health.storage import run_dir_problem
 from train.titan import GuardedOptimizers, LaneformerMetrics, MilestoneCheckpointManager
+from train.preference.pairs import PairDataLoader, PairSet
+from train.preference.trainer import PreferenceTrainer
 from train.trainer import LaneformerTrainer
 
 
@@ -143,7 +146,14 @@ def preflight(recipe: Recipe, world_size: int) -> Preflight:
                             f"{make_source_command(recipe, s)})")
     if out.config is not None and tokenizer is not None and d.sources and not missing:
         try:
-            out.mixture = check_data(recipe, out.config, tokenizer)
+            if recipe.preference.loss:
+                check_pairs(recipe, out.config, tokenizer)
+            elif paired := [s.name for s in d.sources if s.pairs]:
+                out.problems.append(f"{p}: [preference] loss: source(s) {paired} are preference pairs: a run on "
+                                    "them needs a preference loss (dpo, dpo_norm or simpo), else it would train "
+                                    "on the rejected answers too")
+            else:
+                out.mixture = check_data(recipe, out.config, tokenizer)
         except (ValueError, OSError) as e:
             out.problems.append(f"{p}: [data] sources: {e}")
         else:
@@ -183,6 +193,26 @@ def check_data(recipe: Recipe, config: Laneformer.Config, tokenizer: Tokenizer |
                          recipe.run.seed, config.vocab_size, t.steps * t.global_batch)
 
 
+def check_pairs(recipe: Recipe, config: Laneformer.Config, tokenizer: Tokenizer | None = None) -> str:
+    """A preference run's sources: every training and held-out source opens as pairs that fit seq_len,
+    and the run's pairs (steps x global batch / 2) fit in each source's ``max_epochs``. Returns what
+    was found, for the dry run."""
+    t = recipe.training
+    tokenizer = tokenizer or Tokenizer(recipe.data.tokenizer)
+    if plain := [s.name for s in recipe.data.sources if not s.pairs]:
+        raise RecipeError(f"source(s) {plain}: a preference run trains on pairs only (set pairs = true on a "
+                          "pair source)")
+    heldout = (PairSet(recipe.preference.heldout, t.seq_len, tokenizer.fingerprint, config.vocab_size)
+               if recipe.preference.heldout else [])
+    pairs = PairSet([s.path for s in recipe.data.sources], t.seq_len, tokenizer.fingerprint, config.vocab_size)
+    epochs = t.steps * t.global_batch / 2 / len(pairs)
+    for s in recipe.data.sources:
+        if s.max_epochs is not None and epochs > s.max_epochs:
+            raise RecipeError(f"source {s.name!r}: the run reads {t.steps * t.global_batch // 2:,} pairs, "
+                              f"{epochs:.2f} epochs of the {len(pairs):,} pairs, over its max_epochs {s.max_epochs}")
+    return (f"pairs on this machine: {len(pairs):,} ({epochs:.2f} epochs), held out: {len(heldout):,}")
+
+
 def check_held_out(recipe: Recipe, tokenizer: Tokenizer) -> list[str]:
     """Problems of the held-out sets the run validates on: a source with a ``holdout`` whose documents
     were not split off (the command that splits them, without re-tokenizing), or split with another
@@ -220,6 +250,7 @@ def check_chat_templates(recipe: Recipe) -> list[str]:
     sha = template_sha256(jinja)
     where = [(f"[data.sources[{i}]]", s.name, s.path, s.chat_key, s.pairs) for i, s in enumerate(d.sources)]
     where += [(f"[eval] val_sources[{i}]", Path(v).name, v, None, None) for i, v in enumerate(recipe.eval.val_sources)]
+    where += [(f"[preference] heldout[{i}]", Path(v).name, v, None, True) for i, v in enumerate(recipe.preference.heldout)]
     where += [(f"[data.sources[{i}]] holdout", s.name, str(held_out_dir(s.path)), None, None)
               for i, s in enumerate(d.sources) if s.holdout]
     problems = []
@@ -281,6 +312,8 @@ def callbacks(recipe: Recipe) -> list:
         Preemption.Config(),
         Rollback.Config(spikes=t.spike_rollbacks, window=t.spike_window),
     ]
+    if recipe.preference.loss and recipe.preference.heldout:
+        made.append(PrefEval.Config(every=e.every, at_end=e.at_end))
     if c.export_hf:
         made.append(Export.Config(out_dir=c.export_dir, recipe=Path(recipe.path).name,
                                   tokenizer_dir=str(Path(d.tokenizer).parent), chat_template=d.chat_template))
@@ -299,14 +332,19 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
     adamw = {"lr": o.lr, "betas": tuple(o.betas), "eps": o.eps}
     no_decay = "|".join(f"(?:{r})" for r in o.no_decay) or r"(?!)"
     init_path, init_hf = initial_load(recipe)
-    config = LaneformerTrainer.Config(
+    trainer_class, extra = LaneformerTrainer, {}
+    if recipe.preference.loss:  # a preference run: pairs in, the preference loss out (train.preference)
+        trainer_class, extra = preference_trainer(recipe)
+    config = trainer_class.Config(
         model_spec=spec,
         dump_folder=str(recipe.output_dir),
         # No HF assets folder: the tokenizer is the recipe's, and HF export is ours (models.laneformer.hf).
         # torchtitan's default, ./tests/assets/tokenizer, exists only in its own source tree.
         hf_assets_path="",
         tokenizer=SentencePieceTokenizer.Config(path=recipe.data.tokenizer),
-        dataloader=MixtureDataLoader.Config(
+        dataloader=PairDataLoader.Config(
+            sources=[s.path for s in recipe.data.sources], vocab_size=vocab, seed=recipe.run.seed,
+        ) if recipe.preference.loss else MixtureDataLoader.Config(
             sources=recipe.data.sources,
             vocab_size=vocab,
             seed=recipe.run.seed,
@@ -371,5 +409,14 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
         callbacks=callbacks(recipe),
         reduce_grads=p.reduce_grads,
         compile_cache=compile_cache(recipe),
+        **extra,
     )
     return adapt_config(config, fp32=p.cpu_fp32)
+
+
+def preference_trainer(recipe: Recipe) -> tuple[type, dict]:
+    """The trainer class of a preference run and its ``[preference]`` fields."""
+    pref = recipe.preference
+    _, jinja = resolve_template(recipe.data.chat_template)
+    return PreferenceTrainer, {"loss_type": pref.loss, "beta": pref.beta, "label_smoothing": pref.label_smoothing,
+                               "gamma": pref.gamma, "heldout": pref.heldout, "template_sha256": template_sha256(jinja)}

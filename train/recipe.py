@@ -246,6 +246,19 @@ class Eval(EvalSpec):
 
 
 @dataclass(kw_only=True)
+class Preference:
+    """``[preference]``: preference optimization after SFT (train.preference). Without ``loss`` the run
+    trains on next-token cross-entropy; with it every training source must be a pair source. Defaults:
+    beta 0.1 and label_smoothing 0 are TRL's ``DPOConfig`` and open-instruct's ``DPOConfig``; gamma
+    unset is open-instruct's ``gamma_beta_ratio`` 0.3 times beta (SimPO's margin, ``simpo`` only)."""
+    loss: Literal["dpo", "dpo_norm", "simpo"] | None = None
+    beta: float = 0.1
+    label_smoothing: float = 0.0
+    gamma: float | None = None
+    heldout: list[str] = field(default_factory=list)  # pair sources for eval/pref_loss and eval/pref_accuracy
+
+
+@dataclass(kw_only=True)
 class Recipe:
     run: Run
     model: Model
@@ -258,6 +271,7 @@ class Recipe:
     logging: Logging = field(default_factory=Logging)
     eval: Eval = field(default_factory=Eval)
     launch: Launch = field(default_factory=Launch)
+    preference: Preference = field(default_factory=Preference)
     path: str = ""  # the file it came from
 
     @property
@@ -455,6 +469,7 @@ def resolve(recipe: Recipe) -> None:
                                      holdout=d.holdout if s.holdout is None and not s.pairs else s.holdout)
                  for s in d.sources]  # pairs: held out in a file of their own (data.holdout splits documents)
     e.val_sources = [str(in_data_root(recipe, v)) for v in e.val_sources]
+    recipe.preference.heldout = [str(in_data_root(recipe, v)) for v in recipe.preference.heldout]
     e.core_bundle = e.core_bundle and str(absolute(e.core_bundle))
     e.lm_eval_tasks = e.lm_eval_tasks and str(absolute(e.lm_eval_tasks))
     e.evalplus_data = e.evalplus_data and ",".join(str(absolute(f)) for f in e.evalplus_data.split(","))
@@ -552,6 +567,15 @@ def resolve(recipe: Recipe) -> None:
         fail("eval", f"every: must be >= 0 (got {e.every})")
     if recipe.logging.interval <= 0:
         fail("logging", f"interval: must be > 0 (got {recipe.logging.interval})")
+    pref = recipe.preference
+    if pref.gamma is None:
+        pref.gamma = 0.3 * pref.beta
+    if pref.beta <= 0 or not 0 <= pref.label_smoothing < 0.5:
+        fail("preference", f"beta must be > 0 and label_smoothing in [0, 0.5) (got {pref.beta}, {pref.label_smoothing})")
+    if pref.loss and t.spike_rollbacks:  # train.callbacks.rollback counts skipped data in mixture tokens
+        fail("training", "spike_rollbacks: not available in a preference run (the spike guard's skips are)")
+    if pref.loss and t.micro_batch % 2:
+        fail("training", f"micro_batch: {t.micro_batch} is odd; a preference run's micro batch holds whole pairs")
     par = recipe.parallel
     for key in ("shard", "replicate"):
         if getattr(par, key) == 0 or getattr(par, key) < -1:
@@ -577,6 +601,10 @@ def check_needs(recipe: Recipe) -> list[str]:
     """Sources whose expected size (``expected_tokens``, by the dataset card) cannot give the planned
     tokens within ``max_epochs``: known before anything is downloaded or tokenized."""
     t, p = recipe.training, recipe.path
+    if recipe.preference.loss:  # sized in pairs, not tokens
+        from train.preference.plan import size_lines
+
+        return size_lines(recipe)[1]
     try:
         rows = needs(recipe.data.sources, t.seq_len, t.steps * t.global_batch)
     except MixtureError as e:

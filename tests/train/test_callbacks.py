@@ -53,7 +53,8 @@ def expected_sequence(rows) -> list:
 def every_callback_class(monkeypatch, tmp_path) -> list[type]:
     monkeypatch.setenv("LANEFORMER_TEST_BITFLIP", "0:1")  # the test-only one too
     recipe = R.load("tiny.toml", [f"run.output_dir={tmp_path}", "checkpoint.export_hf=true", "logging.report=true"])
-    return [c._owner for c in callback_configs(recipe)]
+    preference = R.load("tiny-dpo.toml", [f"run.output_dir={tmp_path}"])  # pref_eval: preference runs only
+    return list(dict.fromkeys(c._owner for r in (recipe, preference) for c in callback_configs(r)))
 
 
 class Named(Callback):
@@ -174,5 +175,7 @@ def test_one_step_runs_in_the_order_of_the_readme_table(tmp_path):
     seq = [("phase", e["phase"]) if "phase" in e else ("point", e["point"], e["callbacks"]) for e in events
            if e.get("point") in ("pre_train", "post_train") or e.get("phase") == "load" or e["step"] == 2]
     expected = [e for e in expected_sequence(readme_table()) if e[:2] != ("point", "on_error")]
+    expected = [(*e[:2], [c for c in e[2] if c != "pref_eval"]) if e[0] == "point" else e  # preference runs only
+                for e in expected]
     assert seq == expected
 

@@ -27,5 +27,7 @@ class SourceTokens(Callback, Configurable):
         if not trainer.metrics_processor.should_log(trainer.step):
             return
         consumed = trainer.dataloader.state_dict().get("consumed_tokens", {})
+        if not consumed:  # a loader without sources' counts (a preference run's pairs)
+            return
         trainer.metrics_processor.logger.log({f"data/tokens/{name}": n for name, n in consumed.items()}, trainer.step)
         logger.info("tokens per source: " + ", ".join(f"{k} {v:,}" for k, v in consumed.items()))

@@ -17,6 +17,8 @@ def data_report(recipe: R.Recipe) -> str:
     from train.build import check_data, model_config
 
     t, sources = recipe.training, recipe.data.sources
+    if recipe.preference.loss:
+        return pairs_report(recipe)
     rows = needs(sources, t.seq_len, t.steps * t.global_batch)
     lines = [f"data plan: {t.total_tokens:,} tokens; per source: planned tokens, the size that keeps it "
              "within max_epochs, and its expected size (expected_tokens, by its card)"]
@@ -74,6 +76,21 @@ def held_out_report(recipe: R.Recipe) -> list[str]:
                 size = f"unreadable: {err}"
             lines.append(f"  {name}: {size}; [eval] val_sources: {path}")
     return lines
+
+
+def pairs_report(recipe: R.Recipe) -> str:
+    """A preference run's data plan: pairs read against each pair source's expected pairs, then the
+    pairs on this machine as the loader opens them."""
+    from train.build import check_pairs, model_config
+    from train.preference.plan import size_lines
+
+    lines = size_lines(recipe)[0]
+    missing = [str(s.path) for s in recipe.data.sources if not os.path.exists(s.path)]
+    if missing:
+        lines.append(f"not on this machine yet: {', '.join(missing)}")
+    else:
+        lines.append(check_pairs(recipe, model_config(recipe), None))
+    return "\n".join(lines)
 
 
 def realized_mix(run_dir: Path, weights: dict[str, float]) -> str:

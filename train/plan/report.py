@@ -53,6 +53,10 @@ def run_report(recipe: R.Recipe, *, gpus: int, mfu: float, peak_tflops: float) -
                 f"of {peak_tflops:g} TFLOP/s ({t.total_tokens / seconds / gpus:,.0f} tokens/s/GPU)")
     else:  # an MFU of a GPU's peak says nothing about a 2M-parameter model on a CPU
         wall = "expected wall time: a CPU recipe ([parallel] gpus = 0): no GPU estimate; --gpus N makes one for N GPUs"
+    if recipe.preference.loss:  # a preference run's forward over every pair before step 1
+        from train.preference.plan import reference_seconds
+
+        wall += "\n" + reference_seconds(recipe, flops, gpus and mfu * peak_tflops * 1e12 * gpus)
     return "\n".join([
         f"recipe: {recipe.path}",
         f"model: {recipe.model.flavor}, parameters: {nparams:,}",

@@ -18,6 +18,7 @@ from matplotlib.ticker import EngFormatter, FuncFormatter
 
 from rundir import PLAN_FILE
 from train.callbacks.eval import VAL_BPB, VAL_LOSS, per_set
+from train.preference.metrics import EVAL_ACCURACY, REWARDS_ACCURACY, REWARDS_CHOSEN, REWARDS_MARGIN, REWARDS_REJECTED
 from train.report.runs import Run
 
 CAUSE_COLORS = {"preempted": "tab:orange", "crash": "tab:red", "stall": "tab:brown", "restart": "tab:gray",
@@ -230,6 +231,24 @@ def evals(runs: list[Run], out: Path) -> list[Figure]:
     return [val, per_source, core, lm, code]
 
 
+def preference(runs: list[Run], out: Path) -> Figure:
+    """A preference run's rewards (train.preference.metrics) at its logging steps, and its accuracies:
+    the training pairs' and, at the eval's steps, the held-out pairs'."""
+    d = Drawing(runs, "preference", "preference rewards and accuracy (held-out pairs: markers)", panels=2, cols=2,
+                size=(9.6, 3.2))
+    rewards, accuracy = d.axes
+    for run in runs:
+        for key, style in ((REWARDS_CHOSEN, "-"), (REWARDS_REJECTED, ":"), (REWARDS_MARGIN, "--")):
+            d.line(rewards, run, *run.series(key), key, linestyle=style)
+        d.line(accuracy, run, *run.series(REWARDS_ACCURACY), REWARDS_ACCURACY)
+        if run.eval_series(EVAL_ACCURACY)[0]:
+            d.line(accuracy, run, *run.eval_series(EVAL_ACCURACY), EVAL_ACCURACY, marker="o", linestyle="--")
+    d.axis_labels(rewards, "reward (beta x log-ratio)")
+    d.axis_labels(accuracy, "share of pairs")
+    accuracy.set_ylim(0, 1)
+    return d.save(out)
+
+
 def data_mix(runs: list[Run], out: Path) -> Figure:
     d = Drawing(runs, "data_mix", "realized share of each data source (solid) against its planned share (dashed)")
     ax = d.axes[0]
@@ -271,5 +290,6 @@ def stragglers(runs: list[Run], out: Path) -> Figure:
 
 
 def all_figures(runs: list[Run], out: Path) -> list[Figure]:
+    preference_runs = [preference(runs, out)] if any(run.keys("pref/") for run in runs) else []
     return [loss(runs, out), grad_norm(runs, out), throughput(runs, out), memory(runs, out), *evals(runs, out),
-            data_mix(runs, out), stragglers(runs, out)]
+            *preference_runs, data_mix(runs, out), stragglers(runs, out)]

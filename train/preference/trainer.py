@@ -1,0 +1,136 @@
+"""The trainer of a preference run: ``LaneformerTrainer`` whose loss is the preference loss.
+
+The seam is torchtitan's ``_forward_backward_body`` (one micro batch's forward, loss and backward):
+everything around it, the step's callbacks, clipping, the spike guard, checkpoints, resumption, the
+replica check, evals, report and export, is the pretraining trainer's. A micro batch is k pairs as
+``[chosen..., rejected...]`` rows (train.preference.pairs), so chosen and rejected go through one
+forward. The loss returned is the micro batch's sum of pair losses over the step's pairs
+(``global_batch / 2``), so torchtitan's sum over micro batches and ranks, which it logs as the
+loss, is the mean pair loss, as its cross-entropy is the mean token loss.
+
+Before step 1 (at the first ``should_continue_training``, after the checkpoint load and before
+``pre_train``) the reference log-probs are computed or read (train.preference.reference). At each
+logging step the ``pref/*`` metrics (train.preference.loss.STEP_METRICS) are summed over the
+step's micro batches and ranks and logged with the step's other metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import torch
+import tyro
+
+from torchtitan.distributed import utils as dist_utils
+from torchtitan.tools.logging import logger
+
+from train.health.phases import Phase
+from train.preference import reference
+from train.preference.loss import AVERAGED, NEEDS_REFERENCE, pair_sums, preference_loss, sequence_logps
+from train.preference.metrics import STEP_METRICS
+from train.preference.pairs import PAIR_IDS, PairSet
+from train.trainer import LaneformerTrainer
+
+
+class PreferenceTrainer(LaneformerTrainer):
+    @dataclass(kw_only=True, slots=True)
+    class Config(LaneformerTrainer.Config):
+        # The recipe's [preference] (train.recipe.Preference); set by train.build, not the CLI.
+        loss_type: str = "dpo"
+        beta: float = 0.1
+        label_smoothing: float = 0.0
+        gamma: float = 0.0
+        heldout: Annotated[list, tyro.conf.Suppress] = field(default_factory=list)  # held-out pair sources
+        template_sha256: str = ""  # the run's chat template: part of the reference key
+
+    def __init__(self, config: Config):
+        super().__init__(config)
+        self._pair_ids: torch.Tensor | None = None
+        self._pref_sums = torch.zeros(len(STEP_METRICS), dtype=torch.float64, device=self.device)
+        self.pairs_per_step = config.training.global_batch_size // 2
+        self.local_pairs = config.training.local_batch_size // 2
+        self.average = AVERAGED[config.loss_type]
+        self.reference: dict[str, torch.Tensor] = {}  # role -> [pairs, 2] on the device
+        self.heldout_pairs: PairSet | None = None
+
+    # -- the reference log-probs, before step 1 -----------------------------------------------------
+
+    def should_continue_training(self) -> bool:
+        if not self._started and NEEDS_REFERENCE[self.config.loss_type]:
+            self.enter(Phase.EVAL)  # a pass over every pair: the eval's stall allowance and goodput bucket
+            self.reference = {role: self._reference(role, pairs) for role, pairs in self._pair_sets().items()}
+        return super().should_continue_training()
+
+    def _pair_sets(self) -> dict[str, PairSet]:
+        sets = {"train": self.dataloader.loader.pairs}
+        if self.config.heldout:
+            self.heldout_pairs = PairSet(self.config.heldout, self.config.training.seq_len,
+                                         self.tokenizer.tokenizer.fingerprint, self.tokenizer.get_vocab_size())
+            sets["heldout"] = self.heldout_pairs
+        return sets
+
+    def _reference(self, role: str, pairs: PairSet) -> torch.Tensor:
+        c = self.config
+        init = c.checkpoint.initial_load_path
+        if not init:
+            raise reference.ReferenceError(f"[preference] loss {c.loss_type!r} needs a reference: set "
+                                           "[checkpoint] init_from (the SFT checkpoint)")
+        key = reference.cache_key(init, pairs.paths, c.loss_type, c.training.seq_len, c.template_sha256)
+        path = reference.cache_file(c.dump_folder, role, key)
+        if path.is_file():
+            logps = reference.load(path, pairs)
+            if self.rank0:
+                logger.info(f"reference log-probs of the {role} pairs: reusing {path} (key {key}; not recomputed)")
+        elif self.step > 0:
+            raise reference.ReferenceError(
+                f"{path}: no reference log-probs under key {key} (init checkpoint {init}, the pair sources' "
+                f"manifests, loss {c.loss_type!r}, seq_len, template) and the run is at step {self.step}: "
+                "the policy is no longer the reference. Restore the file, or start a new run dir")
+        else:
+            if self.rank0:
+                logger.info(f"reference log-probs of the {role} pairs: computing {len(pairs):,} pairs with "
+                            f"the init checkpoint {init} (key {key})")
+            logps = reference.pair_logps(self.model_parts[0], pairs, self.local_pairs, self.average, self.device,
+                                         beat=lambda: self.enter(Phase.EVAL))
+            if self.rank0:
+                reference.save(path, logps)
+                logger.info(f"reference log-probs of the {role} pairs: written to {path}")
+        return torch.from_numpy(np.ascontiguousarray(logps)).to(self.device)
+
+    # -- one micro batch ----------------------------------------------------------------------------
+
+    def forward_backward_step(self, *, input_dict: dict[str, torch.Tensor], **kwargs) -> torch.Tensor:
+        self._pair_ids = input_dict.pop(PAIR_IDS)  # not a model input
+        return super().forward_backward_step(input_dict=input_dict, **kwargs)
+
+    def _forward_backward_body(self, inputs: torch.Tensor, labels: torch.Tensor, global_valid_tokens: torch.Tensor,
+                               extra_kwargs: dict[str, Any]) -> torch.Tensor:
+        c, k = self.config, inputs.shape[0] // 2
+        with self.train_context():
+            logits = self.model_parts[0](inputs, **extra_kwargs)
+            logps = sequence_logps(logits, labels, self.average)
+            del logits
+            chosen, rejected = logps[:k], logps[k:]
+            ref = self.reference["train"][self._pair_ids] if NEEDS_REFERENCE[c.loss_type] else None
+            losses, chosen_rewards, rejected_rewards = preference_loss(
+                c.loss_type, c.beta, chosen, rejected, None if ref is None else ref[:, 0],
+                None if ref is None else ref[:, 1], label_smoothing=c.label_smoothing, gamma=c.gamma)
+            loss = losses.sum() / self.pairs_per_step
+            loss.backward()
+        self._pref_sums += pair_sums(losses, chosen, rejected, chosen_rewards, rejected_rewards)
+        return loss.detach()
+
+    # -- the step's metrics -------------------------------------------------------------------------
+
+    def _torchtitan_step(self, data_iterator):
+        self._pref_sums.zero_()
+        super()._torchtitan_step(data_iterator)
+        if self.metrics_processor.should_log(self.step):
+            sums = self._pref_sums
+            if self.parallel_dims.dp_enabled:
+                sums = dist_utils.dist_sum_tensor(sums, self.parallel_dims.get_mesh("batch"))
+            values = (sums / self.pairs_per_step).tolist()
+            self.metrics_processor.logger.log(dict(zip(STEP_METRICS, values)), self.step)
