@@ -186,6 +186,14 @@ def sampled_and_wrote_evalplus_files(work: dict, out: str) -> None:
         assert len((Path(work["tmp"]) / "samples" / f"{dataset}.jsonl").read_text().splitlines()) == 2
 
 
+def made_the_bundled_pairs(work: dict, out: str) -> None:
+    """The pairs file and the train/heldout shards and masks, byte for byte the bundled ones."""
+    made, bundled = Path(work["tmp"]) / "preference", REPO / "assets" / "preference"
+    files = [f.relative_to(bundled) for f in bundled.rglob("*") if f.is_file() and ".ds" in f.name]
+    assert len(files) == 8 and (made / "pairs.jsonl").read_bytes() == (bundled / "pairs.jsonl").read_bytes()
+    assert [str(f) for f in files if (made / f).read_bytes() != (bundled / f).read_bytes()] == []
+
+
 def exported_the_checkpoint(work: dict, out: str) -> None:
     """to-hf: config.json and the safetensors hold the run's last checkpoint's weights (fp32: kept)."""
     import torch
@@ -376,6 +384,22 @@ COMMANDS: dict[str, Here | Same | Skip] = {
                                                                         "HF_DIR OUT"),
     "python -m eval.run --checkpoint IMPORTED --evalplus humaneval,mbpp --evalplus-data EVALPLUS_DIR --chat":
         Same(EVALPLUS),
+    # --- post-training: preference optimization ---
+    "python -m data.make_sample_pairs": Here("python -m data.make_sample_pairs --out {tmp}/preference",
+                                             "1026 pairs, 64,529 tokens", check=made_the_bundled_pairs),
+    "python train.py --recipe tiny-dpo": Skip(LONG, "the reference pass over 1,140 pairs and 60 steps (~20 minutes "
+        "here); the test named runs a preference run at toy size",
+        "tests/e2e/test_preference.py::test_one_rank_ln2_cache_kill_and_resume_beta_and_loss_type"),
+    "python -m launch.sweep recipes/sweeps/tiny-dpo.toml": Skip(LONG, "6 tiny-dpo runs; the test named runs a "
+                                                                      "sweep at toy size", SWEEP),
+    "python train.py --recipe dpo --dry-run": Here("python train.py --recipe dpo --dry-run",
+                                                   "reference pass: one forward over 271,409 pairs", rc=2),
+    "python -m train.data download --recipe dpo --source tulu3-preference":
+        Same("python -m train.data download --recipe phase1 --source web-high [--slurm --partition P]"),
+    "python -m train.data tokenize --recipe dpo --source tulu3-preference":
+        Same("python -m train.data tokenize --recipe phase1 --source web-high [--tasks N --slurm ...]"),
+    "torchrun --nproc-per-node 8 train.py --recipe dpo": Skip(GPU, "the 2B's DPO on 8 GPUs from the SFT checkpoint; "
+                                                                   "the tiny one runs in the test named above"),
     # --- sweeps ---
     "python -m launch.sweep recipes/sweeps/tiny-dtp.toml": Skip(LONG, "4 runs of 100 steps (8.9 CPU-minutes); the "
                                                                       "test named runs it at 4 steps", SWEEP),
@@ -453,7 +477,7 @@ def test_a_same_entry_points_at_a_command_that_runs_and_a_skip_is_reasoned():
     for readme, entry in COMMANDS.items():
         if isinstance(entry, Skip):
             skipped.setdefault(entry.kind, []).append(readme.split(" [")[0][:40])
-    assert {k: len(v) for k, v in skipped.items()} == {SUITE: 2, GPU: 3, NETWORK: 6, LONG: 8, SLURM: 3}, skipped
+    assert {k: len(v) for k, v in skipped.items()} == {SUITE: 2, GPU: 4, NETWORK: 6, LONG: 10, SLURM: 3}, skipped
 
 
 @pytest.fixture(scope="module")
