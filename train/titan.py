@@ -60,6 +60,9 @@ TORCHTITAN_API = {
     (Trainer, "forward_backward_step"): None,  # only overridden and called through: any signature
     (Trainer, "batch_generator"): None,
     (Trainer, "should_continue_training"): "(self) -> bool",
+    # train.preference.trainer: one micro batch's forward, loss and backward, with the preference loss
+    (Trainer, "_forward_backward_body"): "(self, inputs: torch.Tensor, labels: torch.Tensor, global_valid_tokens: "
+    "torch.Tensor, extra_kwargs: dict[str, typing.Any]) -> torch.Tensor",
 }
 
 
