@@ -111,7 +111,12 @@ class LaneLinear(Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # [L, ..., in] x [L, out, in] -> [L, ..., out], one batched matmul over lanes.
-        return _LaneMatmul.apply(x.reshape(x.shape[0], -1, x.shape[-1]), self.weight).reshape(*x.shape[:-1], -1)
+        rows = x.reshape(x.shape[0], -1, x.shape[-1])
+        if torch.is_grad_enabled():
+            y = _LaneMatmul.apply(rows, self.weight)
+        else:  # evals and generation: nothing to save for a backward (see normed_lane_matmul)
+            y = torch.bmm(rows, self.weight.transpose(1, 2))
+        return y.reshape(*x.shape[:-1], -1)
 
 
 class _LaneMatmul(torch.autograd.Function):
@@ -160,10 +165,20 @@ def normed_lane_matmul(x: torch.Tensor, norm: LaneRMSNorm, *linears: LaneLinear)
     can form the scaled gradient ``_NormedLaneMatmul`` needs in the kernels that make theirs.
     """
     rows = x.reshape(x.shape[0], -1, x.shape[-1])  # [L, N, D]
+    weights = [lin.weight for lin in linears]
     with torch.no_grad():  # the norm's gradients come from _NormedLaneMatmul's backward
         xn, rstd = norm.with_rstd(rows)
-    ys = _NormedLaneMatmul.apply(rows, xn, rstd, norm.weight, *(lin.weight for lin in linears))
+    if torch.is_grad_enabled():
+        ys = _NormedLaneMatmul.apply(rows, xn, rstd, norm.weight, *weights)
+    else:  # evals and generation: the same forward, without a backward to save for (which a compiled
+        ys = _lane_matmul(xn, weights)  # model cannot trace under no_grad: ctx.save_for_backward)
     return tuple(y.reshape(*x.shape[:-1], -1) for y in ys)
+
+
+def _lane_matmul(xn: torch.Tensor, weights: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """``xn [L, N, D]`` times each ``[L, out_i, D]`` weight, as one matmul on the concatenated weights."""
+    y = torch.bmm(xn, torch.cat(weights, dim=1).transpose(1, 2))
+    return tuple(y.split([w.shape[1] for w in weights], dim=-1))
 
 
 class _NormedLaneMatmul(torch.autograd.Function):
@@ -185,8 +200,7 @@ class _NormedLaneMatmul(torch.autograd.Function):
     @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, x, xn, r, norm_weight, *weights):
         ctx.save_for_backward(x, norm_weight, r, *weights)
-        y = torch.bmm(xn, torch.cat(weights, dim=1).transpose(1, 2))
-        return tuple(y.split([w.shape[1] for w in weights], dim=-1))
+        return _lane_matmul(xn, list(weights))
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
