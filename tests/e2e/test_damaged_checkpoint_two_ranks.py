@@ -1,35 +1,39 @@
 """Two ranks agree on a damaged latest checkpoint: rank 0 moves it aside, both resume from the
-previous one, and the replayed steps give the losses of the first time."""
+previous one, and the replayed steps give the losses of the first time.
+
+The first time is the session's 2-rank reference run (tests/conftest.py's ``reference``, made once for
+the launcher tests anyway): a copy of its run dir has its last checkpoint torn, so only the resume
+is launched here."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 
 import pytest
 
 import rundir
-from tests.conftest import losses, train
-
-SETS = ("training.seq_len=64", "training.global_batch=8", "training.micro_batch=4", "schedule.warmup_steps=2",
-        "logging.interval=1", "logging.tensorboard=false", 'logging.wandb_mode="disabled"',
-        "run.deterministic=true", "checkpoint.keep_last=10", "checkpoint.interval=2")
+from tests.conftest import SHORT, STEPS, reference_run, train
 
 
 @pytest.mark.slow
-def test_two_ranks_move_a_damaged_checkpoint_aside_and_replay_exactly(tmp_path):
+def test_two_ranks_move_a_damaged_checkpoint_aside_and_replay_exactly(reference, tmp_path_factory, tmp_path):
     run = tmp_path / "run"
-    result = train("tiny.toml", f"run.output_dir={run}", "training.steps=4", *SETS, nproc=2)
-    assert result.returncode == 0, result.stderr[-3000:]
-    first = losses(run)
-    for f in rundir.step_dir(run, 4).glob("*.distcp"):  # every rank's shard file
+    shutil.copytree(reference_run(tmp_path_factory), run)
+    previous, last = rundir.complete_steps(run)[-2:]  # the recipe keeps two: 16 and 20
+    assert last == STEPS
+    logged = (run / "metrics.jsonl").read_text().splitlines()
+    for f in rundir.step_dir(run, last).glob("*.distcp"):  # every rank's shard file
         os.truncate(f, f.stat().st_size // 2)
 
-    result = train("tiny.toml", f"run.output_dir={run}", "training.steps=6", *SETS, nproc=2)
+    result = train("tiny.toml", f"run.output_dir={run}", *SHORT, nproc=2)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout + result.stderr
-    assert out.count(f"DAMAGED CHECKPOINT {rundir.step_dir(run, 4)}") == 1  # one loud line, from rank 0
-    assert (rundir.checkpoints_dir(run) / "step-4.damaged").is_dir()
-    assert "Training starts at step 3" in out
-    again = losses(run)
-    assert {s: again[s] for s in (3, 4)} == {s: first[s] for s in (3, 4)}
-    assert rundir.complete_steps(run) == [2, 4, 6]
+    assert out.count(f"DAMAGED CHECKPOINT {rundir.step_dir(run, last)}") == 1  # one loud line, from rank 0
+    assert (rundir.checkpoints_dir(run) / f"step-{last}.damaged").is_dir()
+    assert f"Training starts at step {previous + 1}" in out
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()[len(logged):]]
+    again = {r["step"]: r["loss_metrics/global_avg_loss"] for r in rows if "loss_metrics/global_avg_loss" in r}
+    assert again == {s: reference[s] for s in range(previous + 1, last + 1)}  # the replay's own rows, exact
+    assert rundir.complete_steps(run) == [previous, last]

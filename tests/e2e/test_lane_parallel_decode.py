@@ -22,7 +22,7 @@ costs ~15 s here, so everything shares it; 4 and 2 ranks are subgroups):
 
 The one-process references run in the test process (for the 2B-shaped model
 also checked against ``Laneformer.forward``) and, for the checkpoint, through
-the CLI without ``--lane-parallel``.
+the CLI's ``main`` without ``--lane-parallel``.
 """
 
 import dataclasses
@@ -114,7 +114,7 @@ def ids_line(stdout: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_lane_parallel_ids_equal_one_process(trained, tmp_path):
+def test_lane_parallel_ids_equal_one_process(trained, tmp_path, capsys):
     from models.laneformer import generate as G
     from models.laneformer.checkpoint import open_checkpoint
 
@@ -127,13 +127,10 @@ def test_lane_parallel_ids_equal_one_process(trained, tmp_path):
     assert launch.returncode == 0, launch.stderr[-4000:]
     got = json.loads(out.read_text())
 
-    # The trained checkpoint: the one-process CLI is the reference.
-    single = subprocess.run([sys.executable, "-m", "models.laneformer.generate", "--checkpoint", str(trained),
-                             "--prompt", PROMPT_TEXT, "--max-new-tokens", str(NEW)],
-                            cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stderr[-3000:]
-    reference = ids_line(single.stdout)
-    assert len(reference) >= 1
+    # The trained checkpoint: the one-process CLI is the reference (its main, in this process).
+    capsys.readouterr()
+    reference = G.main(["--checkpoint", str(trained), "--prompt", PROMPT_TEXT, "--max-new-tokens", str(NEW)])
+    assert ids_line(capsys.readouterr().out) == reference and len(reference) >= 1
     assert ids_line(launch.stdout) == reference  # what the 8-rank CLI printed
     for p in SPLITS:
         assert got[f"checkpoint/{p}"] == reference, p
@@ -162,13 +159,17 @@ def test_lane_parallel_ids_equal_one_process(trained, tmp_path):
 
 
 @pytest.mark.slow
-def test_dtp_decode_bench_runs_on_two_ranks():
-    """bench.dtp_decode end to end at a tiny size (its timing means nothing here; it says so)."""
-    result = subprocess.run([sys.executable, "-m", "bench.dtp_decode", "--ranks", "2", "--flavor", "tiny",
-                             "--tokens", "3", "--prompt-len", "4"],
-                            cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.strip().splitlines()
+def test_dtp_decode_bench_runs_on_two_ranks(capfd, monkeypatch):
+    """bench.dtp_decode end to end at a tiny size (its timing means nothing here; it says so). Its main
+    runs here and starts torchrun itself, as ``python -m bench.dtp_decode`` does."""
+    from bench import dtp_decode
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    code = dtp_decode.main(["--ranks", "2", "--flavor", "tiny", "--tokens", "3", "--prompt-len", "4"])
+    out, err = capfd.readouterr()
+    assert code == 0, err[-3000:]
+    lines = out.strip().splitlines()
     assert any("checks the mechanism only" in line for line in lines)
     assert re.fullmatch(r"RATIO TP/DTP per-token latency \(tiny, 2 ranks\): [\d.]+x", lines[-1])
 

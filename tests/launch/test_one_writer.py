@@ -175,15 +175,23 @@ def test_stall_detection_off_still_lets_a_silent_holder_go_stale(tmp_path):
     assert not h.alive
 
 
-def test_launch_local_refuses_a_held_run_dir_before_writing_anything(tmp_path, sleeper):
+def test_launch_local_refuses_a_held_run_dir_before_writing_anything(tmp_path, sleeper, capsys, monkeypatch):
+    """launch.local's main in this process (``python -m launch.local`` exits with what it returns); were
+    the refusal broken, the torchrun it would start fails the test at once instead."""
+    from launch import local
+
+    def no_torchrun(cmd, **kwargs):
+        raise AssertionError(f"launch.local started {cmd[0]}")
+
+    monkeypatch.setattr(local.subprocess, "Popen", no_torchrun)
     run = tmp_path / "run"
     write_beat(run, 0, pid=sleeper.pid, process=process_start(sleeper.pid))
     before = tree(run)
-    result = subprocess.run([sys.executable, "-m", "launch.local", "--recipe", "tiny.toml", "--nproc", "2",
-                             *(f"--set={s}" for s in (f"run.output_dir={run}", *SETS, "training.steps=2"))],
-                            cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
-    assert result.returncode == Exit.BAD_INPUT, result.stderr[-3000:]
-    assert f"is held by another launch whose ranks are alive" in result.stderr and f"pid {sleeper.pid}" in result.stderr
+    code = local.main(["--recipe", "tiny.toml", "--nproc", "2",
+                       *(f"--set={s}" for s in (f"run.output_dir={run}", *SETS, "training.steps=2"))])
+    err = capsys.readouterr().err
+    assert code == Exit.BAD_INPUT, err[-3000:]
+    assert f"is held by another launch whose ranks are alive" in err and f"pid {sleeper.pid}" in err
     assert tree(run) == before  # no attempts.jsonl, the holder's heartbeat still there
 
 
