@@ -59,7 +59,32 @@ def build_mixture(sources: list[SourceSpec], tokenizer: Tokenizer, seq_len: int,
     )
 
 
-class MixtureDataLoader(BaseDataLoader):
+class BatchLoaderSlot(BaseDataLoader):
+    """torchtitan's data loader slot over one of this project's numpy batch loaders (``self.loader``):
+    its batches as tensors (``INPUTS``: batch key -> model input name; labels apart), its state and
+    its ``skip_to``."""
+
+    INPUTS = {"input_ids": "input", "positions": "positions"}
+    loader: Any
+
+    def skip_to(self, index: int) -> tuple[int, int]:
+        """The loader's ``skip_to``: leave the global samples up to ``index`` unread (a spike rollback)."""
+        return self.loader.skip_to(index)
+
+    def __iter__(self):
+        for batch in self.loader:
+            yield ({name: torch.from_numpy(batch[key]) for key, name in self.INPUTS.items()},
+                   torch.from_numpy(batch["labels"]))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict:
+            self.loader.load_state_dict(state_dict)
+
+
+class MixtureDataLoader(BatchLoaderSlot):
     """One rank's share of the deterministic mixture (see data.mixture)."""
 
     @dataclass(kw_only=True, slots=True)
@@ -78,22 +103,3 @@ class MixtureDataLoader(BaseDataLoader):
     @property
     def mixture(self) -> Mixture:
         return self.loader.mixture
-
-    def skip_to(self, index: int) -> tuple[int, int]:
-        """``MixtureLoader.skip_to``: leave the global samples up to ``index`` unread (a spike rollback)."""
-        return self.loader.skip_to(index)
-
-    def __iter__(self):
-        for batch in self.loader:
-            inputs = {
-                "input": torch.from_numpy(batch["input_ids"]),
-                "positions": torch.from_numpy(batch["positions"]),
-            }
-            yield inputs, torch.from_numpy(batch["labels"])
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if state_dict:
-            self.loader.load_state_dict(state_dict)

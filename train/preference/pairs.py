@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from torchtitan.components.dataloader import BaseDataLoader
 
-from data.loader import SentencePieceTokenizer
+from data.loader import BatchLoaderSlot, SentencePieceTokenizer
 from data.mixture import IGNORE_INDEX
 from data.pairs import MANIFEST_KEY
 from data.shards import MANIFEST, ShardError, TokenizedSource, open_source
@@ -163,8 +162,10 @@ class PairLoader:
         self.skipped = [tuple(r) for r in json.loads(state.get("skipped", "[]"))]
 
 
-class PairDataLoader(BaseDataLoader):
+class PairDataLoader(BatchLoaderSlot):
     """torchtitan's data loader slot for a preference run: ``({"input", "positions", "pair_ids"}, labels)``."""
+
+    INPUTS = {**BatchLoaderSlot.INPUTS, PAIR_IDS: PAIR_IDS}  # the pair ids, for the reference log-probs
 
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
@@ -179,19 +180,3 @@ class PairDataLoader(BaseDataLoader):
         except ShardError as e:
             raise PairError(str(e)) from None
         self.loader = PairLoader(pairs, local_batch_size, config.seed, dp_rank, dp_world_size)
-
-    def skip_to(self, index: int) -> tuple[int, int]:
-        return self.loader.skip_to(index)
-
-    def __iter__(self):
-        for batch in self.loader:
-            inputs = {"input": torch.from_numpy(batch["input_ids"]), "positions": torch.from_numpy(batch["positions"]),
-                      PAIR_IDS: torch.from_numpy(batch[PAIR_IDS])}
-            yield inputs, torch.from_numpy(batch["labels"])
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if state_dict:
-            self.loader.load_state_dict(state_dict)
