@@ -7,7 +7,10 @@ fails when torchtitan's side of any of them changes, before a run silently loses
 
 - ``grad_norm_to``: ``Trainer.train_step`` computes the pre-clip gradient norm with
   ``dist_utils.clip_grad_norm_`` and drops it; the spike guard needs it before the update.
-  The module attribute is swapped for one step (the only in-place change).
+  The module attribute is swapped for one step.
+- ``sleep_as_barrier``: ``Trainer.train`` ends with rank 0 sleeping 2 s "for other ranks to
+  complete"; the trainer has every rank meet at a barrier instead (``torchtitan.trainer``'s ``time``
+  swapped for the loop). The two in-place changes: each undone on the way out.
 - ``GuardedOptimizers``: fused Adam(W) that applies or skips a step on the device.
 - ``MilestoneCheckpointManager``: torchtitan's DCP checkpointing, with milestones that are never
   purged, damaged checkpoints moved aside, a full disk named, and the points around every save
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +88,42 @@ def grad_norm_to(receiver: Callable[[torch.Tensor], None]):
         yield
     finally:
         dist_utils.clip_grad_norm_ = clip
+
+
+class _TimeWithoutSleep:
+    """The ``time`` module with a ``sleep`` that returns at once."""
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        pass
+
+
+SLEEP_LOG = "Sleeping 2 seconds for other ranks to complete"  # torchtitan's line before its sleep
+
+
+@contextmanager
+def sleep_as_barrier():
+    """torchtitan's ``Trainer.train`` ends with rank 0 logging ``SLEEP_LOG`` and sleeping 2 s (its only
+    ``time.sleep``): every run, restart and test launch paid it. Here the loop runs without the sleep or
+    its line, and on the way out, after the last step and save, every rank waits at a barrier for all
+    the others: what the sleep stood for, for as long as it takes and no longer."""
+    import torchtitan.trainer as titan_trainer
+
+    def not_the_sleep_line(record) -> bool:
+        return record.getMessage() != SLEEP_LOG
+
+    titan_trainer.time = _TimeWithoutSleep()
+    logger.addFilter(not_the_sleep_line)
+    try:
+        yield
+    finally:
+        titan_trainer.time = time
+        logger.removeFilter(not_the_sleep_line)
+    if dist.is_initialized():  # not on an exception (an error or a preemption ends the run's ranks alike)
+        dist.barrier()
 
 
 class GuardedOptimizers(OptimizersContainer):

@@ -39,7 +39,7 @@ from train.callbacks.callback import Callbacks
 from train.callbacks.spike_guard import SpikeGuard
 from train.health.heartbeat import Heartbeat
 from train.health.phases import Phase
-from train.titan import GuardedOptimizers, grad_norm_to
+from train.titan import GuardedOptimizers, grad_norm_to, sleep_as_barrier
 
 
 CALLBACKS_KEY = "callbacks"  # the callbacks' state in the trainer's checkpoint state (train.callbacks.callback)
@@ -84,10 +84,12 @@ class LaneformerTrainer(Trainer):
     # -- the loop (torchtitan's Trainer.train calls these) --------------------------------------------
 
     def train(self):
-        """torchtitan's loop (its checkpoint load and final save included), then ``post_train``."""
+        """torchtitan's loop (its checkpoint load and final save included; its closing sleep a barrier),
+        then ``post_train``."""
         self.enter(Phase.LOAD)
         try:
-            super().train()
+            with sleep_as_barrier():
+                super().train()
             self.callbacks.call("post_train", self)
         except Exception as e:
             self.callbacks.call_on_error(self, e)
@@ -96,7 +98,7 @@ class LaneformerTrainer(Trainer):
     def should_continue_training(self) -> bool:
         """torchtitan asks this before every step, that is after the checkpoint load (the first time)
         or the previous step's save: ``pre_train`` or ``post_step`` runs here."""
-        if self._started:  # until the next step: torchtitan's garbage collection, its last sleep
+        if self._started:  # until the next step: torchtitan's garbage collection
             self.callbacks.call("post_step", self, then=Phase.METRICS)
         else:
             self._started = True

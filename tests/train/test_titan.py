@@ -36,3 +36,28 @@ def test_the_check_sees_a_changed_signature(monkeypatch):
     monkeypatch.setattr(CheckpointManager, "_should_save", lambda self, step: True)
     expected = TORCHTITAN_API[(CheckpointManager, "_should_save")]
     assert str(inspect.signature(CheckpointManager._should_save)) != expected
+
+
+def test_torchtitans_closing_sleep_is_its_only_one_and_the_trainer_skips_it(caplog):
+    """``sleep_as_barrier`` relies on Trainer.train's only ``time.sleep`` being the 2 s after ``SLEEP_LOG``;
+    inside it neither the sleep nor its line happens, and both are back after it."""
+    import time
+
+    import torchtitan.trainer as titan_trainer
+
+    from train.titan import SLEEP_LOG, sleep_as_barrier
+
+    source = inspect.getsource(titan_trainer)
+    assert source.count("time.sleep(") == 1 and "time.sleep(2)" in inspect.getsource(Trainer.train)
+    assert f'logger.info("{SLEEP_LOG}")' in inspect.getsource(Trainer.train)
+    with caplog.at_level("INFO"), sleep_as_barrier():
+        start = time.perf_counter()
+        titan_trainer.time.sleep(2)
+        titan_trainer.logger.info(SLEEP_LOG)
+        titan_trainer.logger.info("Training completed")
+        assert time.perf_counter() - start < 1.5  # not slept (the clock still reads through)
+    assert titan_trainer.time is time
+    assert [r.getMessage() for r in caplog.records] == ["Training completed"]
+    with caplog.at_level("INFO"):
+        titan_trainer.logger.info(SLEEP_LOG)
+    assert caplog.records[-1].getMessage() == SLEEP_LOG
