@@ -144,8 +144,6 @@ def as_one_rank() -> str | None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from train.build import preflight
-
     recipe, checked, problems = None, None, []
     try:
         recipe = R.load(args.recipe, args.set)
@@ -172,6 +170,8 @@ def main(argv=None) -> int:
                             f"micro batch {p.shape.micro_batch}, AC {p.shape.ac}")
                 print(f"memory plot: {args.plot}", file=sys.stderr)
             return Exit.DONE
+        from train.build import preflight  # torchtitan's configs: seconds to import, not needed above
+
         # A launch checks its own world; a dry run outside torchrun, the GPUs it plans for.
         world = os.environ.get("WORLD_SIZE") or (args.dry_run and gpus) or 1
         checked = preflight(recipe, int(world))
