@@ -22,6 +22,11 @@ from data.tokenizer import TINY_TOKENIZER, Tokenizer
 from launch.attempts import history
 from rundir import REPO
 
+# One intra-op thread in the test processes, as in the ranks and commands they start (env() below): make test
+# runs two pytest-xdist workers on two cores, and torch's default, a thread per core, has each worker's
+# in-process ops contend with the other worker for both.
+torch.set_num_threads(1)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")

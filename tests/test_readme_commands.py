@@ -252,6 +252,8 @@ def launched_and_done(work: dict, out: str) -> None:
 
 
 def titan_run(work: dict, out: str) -> None:
+    """torchtitan's own entry point ran the registered config (train.config_registry) for its 2 steps
+    (the one test of that entry point: tests/train/test_train.py ran the same command)."""
     assert sorted(losses(Path(work["tmp"]) / "titan")) == [1, 2]
 
 

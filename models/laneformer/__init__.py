@@ -4,9 +4,13 @@
 torchtitan's Trainer builds from (runnable ``Trainer.Config`` functions are in
 ``train.config_registry``). A model config is stored as ``NATIVE_FIELDS`` in
 a run's ``laneformer_config.json`` (file name and JSON: ``rundir``).
+
+Importing it registers ``freeze_at_exit`` (below) for the process.
 """
 
+import atexit
 import dataclasses
+import gc
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +23,21 @@ from .attention import attention_config
 from .model import Laneformer
 from .parallelize import parallelize_laneformer
 from .state_dict_adapter import LaneformerStateDictAdapter
+
+def freeze_at_exit() -> None:
+    """At exit, collect what is garbage then (its finalizers run, its files flush) and freeze the rest.
+
+    Python's finalization otherwise runs the cyclic garbage collector over every object that torch,
+    Inductor and torchtitan made at import, several times as modules are cleared: ~1 s of each
+    process's exit on a 2-core machine, paid by every rank of every start and every command (0.3-0.5 s
+    after the freeze; the frozen objects are still freed by reference count). Registered at import,
+    before any later handler, so it runs after them (atexit runs handlers last-in, first-out).
+    """
+    gc.collect()
+    gc.freeze()
+
+
+atexit.register(freeze_at_exit)
 
 __all__ = [
     "NATIVE_FIELDS", "Laneformer", "laneformer_configs", "model_registry", "native_fields",

@@ -27,7 +27,7 @@ TINY_SWEEP = REPO / "recipes" / "sweeps" / "tiny-dtp.toml"
 # The tiny sweep, as short as a comparison can be: 4 steps, validation at the end only.
 SHORT = ("training.steps=4", "training.seq_len=64", "training.global_batch=8", "training.micro_batch=4",
          "schedule.warmup_steps=1", "logging.interval=2", "checkpoint.interval=4", "eval.every=0",
-         "eval.val_samples=8", "logging.tensorboard=false")
+         "eval.val_samples=8", "logging.tensorboard=false", "logging.report=false")  # the sweep's report is drawn
 RUNS = ["delay=0-seed1", "delay=2-seed1", "delay=0-seed2", "delay=2-seed2"]
 
 

@@ -9,6 +9,9 @@ the exact line formats that tools (bench/gpu_check.py, launch.slurm) read.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import re
 import subprocess
 import sys
@@ -74,17 +77,24 @@ def test_the_roofline_optimizer_shard_follows_fsdps_placement():
     assert P._shard_numel(norm, 0, 192) == 16  # ceil(3072 / 192), padded as FSDP pads
 
 
-PLAN = [sys.executable, "train.py", "--recipe", "tiny.toml", "--plan", "--gpus", "2", "--gpu", "h200"]
+def tiny_plan(**flags):
+    """What ``train.py --recipe tiny.toml --plan --gpus 2 --gpu h200 [flags]`` prints, made in this process
+    (train.py's plan branch): the compiled layers are traced once for both tests that read them, and no
+    process start imports torch again. The CLI itself prints a plan in tests/test_readme_commands.py."""
+    from train.plan import make_plan
+    from train.plan.comm import cluster_for
+
+    return make_plan(R.load("tiny.toml"), gpus=2, gpu="h200", cluster=cluster_for("h200"), **flags)
 
 
 @pytest.fixture(scope="module")
 def text_plan() -> str:
-    """The tiny recipe's whole plan as text, made once for the tests that read it."""
-    result = subprocess.run(PLAN + ["--ops", "--compiled", "--sweep"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
+    """The tiny recipe's whole plan as text (``--ops --compiled --sweep``), made once for the tests that read it."""
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        text = "\n".join(tiny_plan(with_sweep=True, with_ops=True, with_kernels=True).lines())
     # the sweep's traces take minutes for the 2B: it says how far it is, on stderr (stdout stays the plan)
-    assert re.search(r"^plan --sweep: shard degree x AC traced: 100% ", result.stderr, re.M), result.stderr[-2000:]
-    return result.stdout
+    assert re.search(r"^plan --sweep: shard degree x AC traced: 100% ", err.getvalue(), re.M), err.getvalue()[-2000:]
+    return text
 
 
 def test_a_tiny_plan_prints_every_line_tools_read(text_plan):
@@ -122,9 +132,7 @@ def test_dry_run_refuses_a_plan_beyond_max_epochs():
 
 def test_plan_json_carries_the_numbers_of_the_text(text_plan):
     """``--json`` alone (no tables, no sweep) gives the numbers of the whole text plan."""
-    js = subprocess.run(PLAN + ["--json"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
-    assert js.returncode == 0, js.stderr[-3000:]
-    plan = __import__("json").loads(js.stdout)
+    plan = json.loads(json.dumps(tiny_plan().to_json(), indent=1))  # as --json prints it
     peak = re.search(r"^peak memory per GPU: ([\d.]+) GiB", text_plan, re.M)
     assert plan["memory"]["peak_gib"] == pytest.approx(float(peak.group(1)), abs=0.006)
     for key, label in (("roofline", "roofline"), ("compiled", "compiled roofline")):

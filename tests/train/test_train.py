@@ -274,15 +274,6 @@ def test_realized_source_shares_match_the_weights(short_run):
     assert "realized mix at step 20" in result.stdout and "prose: 5,120 tokens, share 0.5000" in result.stdout
 
 
-def test_torchtitans_own_entry_point_runs_the_registered_config(tmp_path):
-    cmd = train_command("unused")[:train_command("unused").index(str(REPO / "train.py"))]
-    cmd += ["-m", "torchtitan.train", "--module", "train", "--config", "laneformer_tiny",
-            "--training.steps", "2", "--dump_folder", str(tmp_path / "run"), "--metrics.log_freq", "1"]
-    result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert set(losses(tmp_path / "run")) == {1, 2}
-
-
 def test_end_of_run_export_loads_in_transformers_with_the_same_logits(tmp_path):
     import dataclasses
 
