@@ -24,6 +24,7 @@ from .model import Laneformer
 from .parallelize import parallelize_laneformer
 from .state_dict_adapter import LaneformerStateDictAdapter
 
+
 def freeze_at_exit() -> None:
     """At exit, collect what is garbage then (its finalizers run, its files flush) and freeze the rest.
 
