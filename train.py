@@ -90,7 +90,7 @@ def run_summary(recipe: R.Recipe, recipe_arg: str, sets: list[str]) -> str:
     run = Path(recipe.output_dir)
     out = Path(recipe.checkpoint.export_dir or run / rundir.EXPORT_DIR)
     loss = rundir.last_logged(run, "loss_metrics/global_avg_loss")
-    from train.callbacks.eval import VAL_LOSS
+    from train.metric_names import VAL_LOSS
 
     val = (rundir.latest_evals(run) or {}).get(VAL_LOSS)
     again = shlex.join(["python", "train.py", "--recipe", recipe_arg, *(f"--set={s}" for s in sets)])

@@ -25,7 +25,7 @@ def plan_lines(found: list[Variant], sweep: Sweep, gpus: int, gpu: str) -> list[
         try:
             if v.config is None:  # the model's own checks failed: nothing to trace
                 raise R.RecipeError("its model does not build")
-            p = make_plan(v.recipe, gpus=gpus, gpu=gpu, with_compiled=False)
+            p = make_plan(v.recipe, gpus=gpus, gpu=gpu, with_compiled=False, with_dense=False)
         except (R.RecipeError, ValueError) as e:
             rows.append([v.name, *"------", f"not planned: {str(e).splitlines()[0][:200]}"])
             continue

@@ -59,6 +59,17 @@ def dense_mask_from_block_mask(block_mask: BlockMask) -> torch.Tensor:
     return mask.to(torch.bool).expand(n_b, n_h, q_len, kv_len)
 
 
+def carrier_block_mask(mask_mod, B: int, H: int | None, Q_LEN: int, KV_LEN: int, device) -> BlockMask:
+    """``create_block_mask``'s signature, for DenseMaskFlexAttention: one partial block the size of the
+    whole (Q_LEN, KV_LEN), so the BlockMask only carries ``mask_mod`` and the lengths, all that SDPA's
+    dense mask is made from. ``create_block_mask`` evaluates ``mask_mod`` at every (q, kv) under vmap
+    to find the empty blocks, a sparsity SDPA cannot use: ~10 ms a mask, a fifth of a tiny CPU step."""
+    shape = (B, H or 1, 1)
+    return BlockMask.from_kv_blocks(torch.ones(shape, dtype=torch.int32, device=device),
+                                    torch.zeros((*shape, 1), dtype=torch.int32, device=device),
+                                    BLOCK_SIZE=(Q_LEN, KV_LEN), mask_mod=mask_mod, seq_lengths=(Q_LEN, KV_LEN))
+
+
 class DenseMaskFlexAttention(FlexAttention):
     """FlexAttention's interface computed with SDPA and a dense boolean mask.
 

@@ -69,17 +69,19 @@ def random_weights(config: Laneformer.Config, lanes: range, seed: int = 0) -> di
 
     out = {}
     for n, (name, shape) in enumerate(sorted(expected_shapes(config).items())):
-        def randn(*size, part=0):
-            return torch.randn(*size, generator=torch.Generator().manual_seed(seed * 1_000_003 + n * 1009 + part))
+        def normal(tensor, std, part=0):  # in place: a 2B-shaped model's 0.7B lane values, with no copies
+            return tensor.normal_(0, std, generator=torch.Generator().manual_seed(seed * 1_000_003 + n * 1009 + part))
 
         if LANE_WEIGHT.fullmatch(name):  # unit-variance outputs, so that every layer and exchange shows
-            out[name] = torch.stack([randn(*shape[1:], part=lane) for lane in lanes]) * shape[2] ** -0.5
+            out[name] = torch.empty(len(lanes), *shape[1:])
+            for i, lane in enumerate(lanes):
+                normal(out[name][i], shape[2] ** -0.5, part=lane)
         elif name.endswith("norm.weight"):
-            out[name] = 1 + 0.1 * randn(*shape)
+            out[name] = normal(torch.empty(shape), 0.1).add_(1)
         elif name == "lm_head.weight":
-            out[name] = randn(*shape) * config.dim**-0.5
+            out[name] = normal(torch.empty(shape), config.dim**-0.5)
         else:
-            out[name] = randn(*shape)
+            out[name] = normal(torch.empty(shape), 1.0)
     return out
 
 

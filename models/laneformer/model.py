@@ -74,6 +74,8 @@ from torchtitan.models.common.param_init import depth_scaled_std
 from torchtitan.protocols.model import BaseModel
 from torchtitan.protocols.module import Module, ModuleDict
 
+from .attention import DenseMaskFlexAttention, carrier_block_mask
+
 EarlyMode = Literal["present", "scaled"]
 LateMode = Literal["drop", "flush", "present"]
 FinalAgg = Literal["mean_of_norms", "norm_of_sum"]
@@ -542,7 +544,10 @@ class Laneformer(BaseModel):
         base = [get_causal_mask_mod()]
         if positions is not None:
             base.append(get_document_mask_mod(positions))
-        build = create_attention_mask if tokens.is_cuda else create_block_mask
+        if isinstance(self.config.inner_attention, DenseMaskFlexAttention.Config):
+            build = carrier_block_mask  # SDPA evaluates the mask_mod itself
+        else:
+            build = create_attention_mask if tokens.is_cuda else create_block_mask
         masks = {}
         for window in {layer.window for layer in self.layers.values()}:
             mods = base + ([get_sliding_window_mask_mod(window)] if window else [])

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from data.chat import (LLAMA2, BadConversation, check_conversation, hf_tokenizer_config, prompt_ids, render,
-                       resolve_template)
+from data.chat import (LLAMA2, TEMPLATES, BadConversation, check_conversation, check_template, hf_tokenizer_config,
+                       prompt_ids, render, resolve_template)
 from data.hf_tokenizer import save_hf_tokenizer
 from data.tokenizer import TINY_TOKENIZER, Tokenizer
 
@@ -112,6 +112,12 @@ def test_the_llama2_template_renders_exactly_as_metas(hf):
         assert ours == hf.apply_chat_template(conv, chat_template=META_LLAMA2, tokenize=False)
     assert hf.apply_chat_template(CONVERSATIONS[0], chat_template=LLAMA2, tokenize=False) == (
         "<s>[INST] Write a function that adds two numbers. [/INST] def add(a, b):\n    return a + b </s>")
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_every_bundled_template_passes_the_check_a_recipe_file_gets(name):
+    """A recipe naming a bundled template does not render it at load (train.recipe.chat_template): here it is."""
+    check_template(name)
 
 
 @pytest.mark.parametrize("messages, reason", [

@@ -18,7 +18,8 @@ from tests.data.test_holdout import random_docs, write_source
 from train import data as train_data
 from train import recipe as R
 from train.build import preflight
-from train.callbacks.eval import VAL_BPB, VAL_LOSS, Eval, per_set, token_bytes
+from train.callbacks.eval import Eval, token_bytes
+from train.metric_names import VAL_BPB, VAL_LOSS, per_set
 from train.plan.data import data_report
 
 

@@ -222,7 +222,7 @@ def test_phase2_starts_from_phase1_weights(short_run, tmp_path):
     assert min(losses(tmp_path / "p2")) == 1  # a fresh step counter
 
     # the report draws each held-out set's validation across phase 1 into phase 2 on one token axis
-    from train.callbacks.eval import VAL_LOSS, per_set
+    from train.metric_names import VAL_LOSS, per_set
     from train.report import write_report
     from train.report.page import embedded_data
 

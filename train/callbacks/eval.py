@@ -31,15 +31,7 @@ from data.mixture import IGNORE_INDEX, Mixture, SourceSpec
 from eval.spec import EvalSpec
 from train.callbacks.callback import Callback, LaneformerTrainer
 from train.health.phases import Phase
-
-
-VAL_LOSS = "eval/val_loss"  # nats per token over every held-out set (the token-weighted mean of the sets')
-VAL_BPB = "eval/val_bpb"  # bits per byte over every held-out set
-
-
-def per_set(metric: str, name: str) -> str:
-    """One held-out set's metric: ``eval/val_loss/<name>`` (a source's name, or a val_sources folder's)."""
-    return f"{metric}/{name}"
+from train.metric_names import VAL_BPB, VAL_LOSS, per_set
 
 
 def token_bytes(sp) -> np.ndarray:

@@ -25,9 +25,7 @@ from torchtitan.tools.logging import logger
 from train.callbacks.callback import Callback, LaneformerTrainer
 from train.health.holder import killed_with_parent
 from train.health.phases import Phase
-
-LAUNCH_METRIC = "launch"  # logged at a process's first step: the launch number (train.report.runs marks restarts)
-PARAMETERS_METRIC = "parameters"  # ... and the model's parameter count
+from train.metric_names import LAUNCH, PARAMETERS
 
 
 class Report(Callback, Configurable):
@@ -51,7 +49,7 @@ class Report(Callback, Configurable):
             self.logged_launch = True
             launches = sum(1 for p in (run / rundir.LAUNCHES_DIR).glob("[0-9]*") if p.is_dir())
             parameters = sum(p.numel() for part in trainer.model_parts for p in part.parameters())  # DTensor: global
-            trainer.metrics_processor.logger.log({LAUNCH_METRIC: max(launches, 1), PARAMETERS_METRIC: parameters},
+            trainer.metrics_processor.logger.log({LAUNCH: max(launches, 1), PARAMETERS: parameters},
                                                  trainer.step)
         c, step = self.config, trainer.step
         if c.every and step % c.every == 0 and step != trainer.config.training.steps and trainer.rank0:

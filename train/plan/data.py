@@ -44,7 +44,7 @@ def held_out_report(recipe: R.Recipe) -> list[str]:
     else what the holdout setting makes of the source's expected size."""
     from data.holdout import held_out_dir, recorded_holdout
     from data.shards import load_manifest
-    from train.callbacks.eval import VAL_BPB, VAL_LOSS, per_set
+    from train.metric_names import VAL_BPB, VAL_LOSS, per_set
 
     e, t = recipe.eval, recipe.training
     when = f"every {e.every} steps" if e.every else "at the end"

@@ -305,9 +305,11 @@ class Plan:
 
 
 def make_plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_sweep: bool = False, with_ops: bool = False,
-              with_compiled: bool = True, with_kernels: bool = False, cluster: Cluster | None = None) -> Plan:
-    """Memory, eager rooflines (lanes and the dense twin), the compiled estimate (unless not
-    ``with_compiled``: launch.slurm needs only the memory), optionally the sweep and tables."""
+              with_compiled: bool = True, with_kernels: bool = False, with_dense: bool = True,
+              cluster: Cluster | None = None) -> Plan:
+    """Memory, eager rooflines (lanes and, unless not ``with_dense``, the dense twin: a sweep's table reads
+    only the lanes'), the compiled estimate (unless not ``with_compiled``: launch.slurm needs only the
+    memory), optionally the sweep and tables."""
     from train.build import model_config
 
     if gpu not in GPUS:
@@ -327,9 +329,10 @@ def make_plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_sweep: boo
         nparams = sum(p.numel() for p in config.build().parameters())
     memory = memory_plan(config, shape, kind)
     lanes = roofline(config, shape, kind, accumulation=acc)
-    dense, dense_error = None, None
+    dense, dense_error = None, "not traced"
     try:
-        dense = roofline(config, shape, kind, accumulation=acc, dense_twin=True)
+        if with_dense:
+            dense, dense_error = roofline(config, shape, kind, accumulation=acc, dense_twin=True), None
     except ValueError as e:  # a shape llama3 cannot take
         dense_error = str(e)
     comm = communication(config, layout, lanes, cluster, gpus=gpus, accumulation=acc,

@@ -8,6 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from rundir import SWEEP_FILE
 from train.report import ReportError, write_report
 
 
@@ -20,9 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", type=int, default=8, help="with --plan-gpu: the number of GPUs (default 8)")
     args = p.parse_args(argv)
     try:
-        from train.report.sweep import is_sweep, write_sweep_report
+        if len(args.runs) == 1 and (args.runs[0] / SWEEP_FILE).is_file():
+            from train.report.sweep import write_sweep_report  # with scipy (0.6 s): a run's report needs neither
 
-        if len(args.runs) == 1 and is_sweep(args.runs[0]):
             path, lines = write_sweep_report(args.runs[0], args.out)
             print("\n".join(lines))
             print(path)

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure as MplFigure
 from matplotlib.ticker import EngFormatter, FuncFormatter
 
 from rundir import PLAN_FILE
-from train.callbacks.eval import VAL_BPB, VAL_LOSS, per_set
+from train.metric_names import VAL_BPB, VAL_LOSS, per_set
 from train.preference.metrics import EVAL_ACCURACY, REWARDS_ACCURACY, REWARDS_CHOSEN, REWARDS_MARGIN, REWARDS_REJECTED
 from train.report.runs import Run
 

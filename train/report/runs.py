@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 
 import rundir
-from train.callbacks.report import LAUNCH_METRIC, PARAMETERS_METRIC
+from train.metric_names import LAUNCH, PARAMETERS
 
 
 
@@ -148,7 +148,7 @@ def restarts(attempts: list[dict], rows: dict[int, dict]) -> list[Restart]:
                 recorded.append(Restart(event["step"], cause if cause in ("preempted", "crash", "stall") else "restart",
                                         event.get("time")))
             cause = None
-    logged = [step - 1 for step, r in sorted(rows.items()) if r.get(LAUNCH_METRIC, 1) > 1]
+    logged = [step - 1 for step, r in sorted(rows.items()) if r.get(LAUNCH, 1) > 1]
     if not logged:
         return recorded
     why = {r.step: r for r in recorded}
@@ -240,7 +240,7 @@ def goodput(path: Path) -> str:
 def parameters(run: Run) -> str:
     """The model's parameter count: as the run logged it, else (a run from before the report
     callback) from laneformer_config.json on the meta device."""
-    if logged := run.series(PARAMETERS_METRIC)[1]:
+    if logged := run.series(PARAMETERS)[1]:
         return f"{int(logged[-1]):,}"
     path = run.path
     try:

@@ -49,7 +49,7 @@ from scipy import stats
 
 from rundir import COMPARISON_FILE, RECIPE_FILE, REPORT_PAGE, SUMMARY_FILE, SWEEP_FILE
 from rundir.table import text_table
-from train.callbacks.eval import VAL_BPB, VAL_LOSS
+from train.metric_names import VAL_BPB, VAL_LOSS
 from train.report.runs import ReportError, Run, read_run
 
 TRAIN, TPS = "loss_metrics/global_avg_loss", "throughput(tps)"  # torchtitan's names
@@ -57,10 +57,6 @@ VAL, BPB = VAL_LOSS, VAL_BPB
 COMPARISON_FIELDS = ["variant", "seed", "run_dir", "tokens", "at", "train_loss", "val_loss", "val_bpb",
                      "tokens_per_s"]
 SUMMARY_FIELDS = ["variant", "n", "val_loss_mean", "val_loss_std", "delta_vs_baseline", "sigmas", "dof", "verdict"]
-
-
-def is_sweep(path: Path) -> bool:
-    return (Path(path) / SWEEP_FILE).is_file()
 
 
 def t_critical(dof: float) -> float:
