@@ -138,12 +138,14 @@ SHORT = (f"training.steps={STEPS}", "training.seq_len=64", "training.global_batc
          "schedule.warmup_steps=2", "logging.interval=1", "run.deterministic=true", "checkpoint.interval=4")
 
 
-def local_command(run: Path, nproc: int = 2) -> list[str]:
+def local_command(run: Path, nproc: int = 2, report: bool = False) -> list[str]:
     """launch.local on ``nproc`` ranks. Its straggler bar is 1.5x the other ranks' median: two balanced
     ranks on two cores shared with a second suite differ by 20% now and then (the bar a 2-rank run had
-    when the median held the rank judged); a test that makes a straggler sets its own."""
+    when the median held the rank judged); a test that makes a straggler sets its own. The run draws
+    its report (a process at each end of a launch) only for a test that reads it."""
     return [sys.executable, "-m", "launch.local", "--recipe", "tiny.toml", "--nproc", str(nproc),
-            *(f"--set={s}" for s in (f"run.output_dir={run}", *SHORT, "launch.straggler_threshold=0.5"))]
+            *(f"--set={s}" for s in (f"run.output_dir={run}", *SHORT, "launch.straggler_threshold=0.5",
+                                     f"logging.report={str(report).lower()}"))]
 
 
 def reference_run(tmp_path_factory) -> Path:
@@ -161,7 +163,7 @@ def reference_losses(tmp_path_factory) -> dict[int, float]:
     run = reference_run(tmp_path_factory)
     with FileLock(f"{run}.lock"):
         if not history(run) or history(run)[-1].get("action") != "done":
-            result = subprocess.run(local_command(run), cwd=REPO, env=env(), capture_output=True, text=True,
+            result = subprocess.run(local_command(run, report=True), cwd=REPO, env=env(), capture_output=True, text=True,
                                     timeout=600)  # ~100 s under a second suite
             assert result.returncode == 0, result.stderr[-3000:]
     return losses(run)

@@ -19,7 +19,7 @@ from rundir import REPO
 
 LAYERS = ["rundir", "data", "models", "eval", "train", "launch", "bench"]
 TRAIN_ROOMS = [
-    ["train.exits", "train.recipe", "train.cpu", "train.snapshot",
+    ["train.exits", "train.recipe", "train.cpu", "train.snapshot", "train.metric_names",
      # a preference run's parts below its trainer: losses, pairs, reference log-probs, its plan
      "train.preference.loss", "train.preference.metrics", "train.preference.pairs", "train.preference.reference",
      "train.preference.plan"],

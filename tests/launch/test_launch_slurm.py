@@ -36,6 +36,7 @@ from tests.launch.test_sweep import sweep_cli
 SLURM_SH = REPO / "launch" / "ci" / "slurm.sh"
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 JOB_ENV = ("--env=OMP_NUM_THREADS=1", "--env=WANDB_MODE=offline", "--env=WANDB_SILENT=true")
+NO_REPORT = "logging.report=false"  # no test here reads a run's report: drawing it is a process at each end of a job
 
 
 def unavailable(reason: str) -> None:
@@ -79,7 +80,7 @@ def submit(run: Path, *args: str, recipe: str = "tiny.toml", nodes: int = 1, npr
     """``launch.slurm submit`` in this process (it imports the model code once, not per job)."""
     assert slurm_main(["submit", "--recipe", recipe, f"--nodes={nodes}", "--gpus-per-node=0",
                        f"--nproc-per-node={nproc}", "--no-exclusive", *JOB_ENV,
-                       *(f"--set={s}" for s in (f"run.output_dir={run}", *SHORT)), *args]) == 0
+                       *(f"--set={s}" for s in (f"run.output_dir={run}", *SHORT, NO_REPORT)), *args]) == 0
     SUBMITTED.append(job_ids(run)[-1])
     return SUBMITTED[-1]
 
@@ -271,7 +272,7 @@ def test_a_running_run_is_not_submitted_twice_and_cancel_stops_it(slurm, tmp_pat
     run = tmp_path / "run"
     job = submit(run)
     again = slurm_cli("submit", "--recipe", "tiny.toml", "--gpus-per-node=0", "--nproc-per-node=2",
-                      f"--set=run.output_dir={run}", *(f"--set={s}" for s in SHORT))
+                      f"--set=run.output_dir={run}", *(f"--set={s}" for s in (*SHORT, NO_REPORT)))
     assert again.returncode == 1 and f"job {job} of {run} is still queued or running" in again.stderr
     assert slurm_cli("cancel", str(run)).returncode == 0
     assert wait_done(job, run, timeout=120) == "CANCELLED"
