@@ -85,13 +85,14 @@ def test_the_comparison_holds_each_runs_own_metrics(tiny_sweep, report):
 
 
 @pytest.mark.slow
-def test_a_rerun_starts_nothing(tiny_sweep):
+def test_a_rerun_starts_nothing(tiny_sweep, capsys):
+    """The same command again (its main, in this process: the first run was the command itself)."""
     root, args, first = tiny_sweep
     assert "starting 4:" in first.stdout
     before = {r: len(history(root / r)) for r in RUNS}
-    again = sweep_cli(*args)
-    assert again.returncode == 0, again.stderr
-    assert "starting 0: nothing" in again.stdout and "runs: 4 done, 0 running, 0 left" in again.stdout
+    assert sweep_main(list(args)) == 0
+    out = capsys.readouterr().out
+    assert "starting 0: nothing" in out and "runs: 4 done, 0 running, 0 left" in out
     assert {r: len(history(root / r)) for r in RUNS} == before
 
 
