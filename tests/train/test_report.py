@@ -151,6 +151,18 @@ def test_restarts_appear_where_the_launch_records_put_them(reference, tmp_path_f
 
 
 @pytest.mark.slow
+def test_the_report_command_imports_neither_torch_nor_scipy(reference, tmp_path_factory, tmp_path):
+    """``python -m train.report RUN`` (run at the end of every run that draws it) reads the metric names
+    from torch-free train.metric_names, and scipy only for a sweep: a run's report is half the start-up."""
+    code = ("import sys; from train.report.__main__ import main; code = main(sys.argv[1:]); "
+            "print(sorted(m for m in ('torch', 'torchtitan', 'scipy') if m in sys.modules)); sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", code, str(reference_run(tmp_path_factory)), "--out", str(tmp_path)],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[-2:] == [str(tmp_path / "report.html"), "[]"]
+
+
+@pytest.mark.slow
 def test_two_runs_share_the_axes_and_phase_two_continues_phase_one(reference, tmp_path_factory, tmp_path):
     one = reference_run(tmp_path_factory)
     two = copy_run(one, tmp_path / "two")
