@@ -24,7 +24,7 @@ train: setup
 	$(VENV)/bin/torchrun --standalone --nproc-per-node 1 train.py $(TRAIN_ARGS)
 
 # Two pytest-xdist workers, each running whole test files: one worker's single-process tests fill
-# the core the other's leave idle (13:34 on 2 idle cores after issue 37's cuts, from 17:47; 18:31 to 19:52 before them with round 5's README-wide and DPO tests; 16:21 with round 4's; 11:13 to 14:47
+# the core the other's leave idle (12:21 to 13:48 on 2 idle cores after issue 37's cuts, from 17:47; 18:31 to 19:52 before them with round 5's README-wide and DPO tests; 16:21 with round 4's; 11:13 to 14:47
 # before them, as this machine's speed drifts). A file stays on one worker, so its module fixtures are made once and the SLURM
 # tests never share the two emulated nodes. Not loadgroup: it stops grouping on pytest 9.2
 # (pytest-dev/pytest-xdist#1386). Files go out in collection order, so the multi-process ones
