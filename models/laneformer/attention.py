@@ -63,7 +63,8 @@ def carrier_block_mask(mask_mod, B: int, H: int | None, Q_LEN: int, KV_LEN: int,
     """``create_block_mask``'s signature, for DenseMaskFlexAttention: one partial block the size of the
     whole (Q_LEN, KV_LEN), so the BlockMask only carries ``mask_mod`` and the lengths, all that SDPA's
     dense mask is made from. ``create_block_mask`` evaluates ``mask_mod`` at every (q, kv) under vmap
-    to find the empty blocks, a sparsity SDPA cannot use: ~10 ms a mask, a fifth of a tiny CPU step."""
+    to find the empty blocks, a sparsity SDPA cannot use: ~4 ms a mask at 4 x 64 tokens on one core
+    (0.2 ms here), two masks a micro batch of the tiny model."""
     shape = (B, H or 1, 1)
     return BlockMask.from_kv_blocks(torch.ones(shape, dtype=torch.int32, device=device),
                                     torch.zeros((*shape, 1), dtype=torch.int32, device=device),
