@@ -18,10 +18,10 @@ began from; each end appends what train.py said about why it stopped
   EXPORT_FAILED, SKIPPED_OUT, NO_SPACE: restarting would not help). The
   decision reads exit codes only; the note's words are for people.
 
-A crash is pinned to a node when that node's torchrun saw a rank die of a
-fault signal (SIGKILL from the OOM killer, SIGSEGV, SIGBUS...: not the
-SIGTERM a shutdown sends), or when SLURM reports the node down or not
-responding. The SLURM batch script then requeues the job with those nodes
+A crash is pinned to a node when that node's torchrun reported, among all
+the failures it lists, a rank that died of a fault signal (SIGKILL from the
+OOM killer, SIGSEGV, SIGBUS...: not a signal torchrun sent itself while
+closing the group), or when SLURM reports the node down or not responding. The SLURM batch script then requeues the job with those nodes
 excluded, so spare nodes take over; the end event records them.
 
 The SLURM batch script calls ``python -m launch.attempts begin|end`` (this
@@ -51,9 +51,17 @@ from train.health.holder import claim
 from train.health.storage import NoSpace, free_bytes, is_out_of_space
 
 # A rank that died of one of these was killed by the node (OOM killer, bad memory, a crash
-# in native code), not told to stop; torchrun logs "failed (exitcode: -N) local_rank: ...".
+# in native code), not told to stop.
 FAULT_SIGNALS = {signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE}
-_TORCHRUN_FAILURE = re.compile(r"failed \(exitcode: -(\d+)\) local_rank: (\d+)")
+# torchrun (torch.distributed.elastic.multiprocessing.api) reports a failed worker group twice: one line for
+# the failure with the earliest timestamp ("failed (exitcode: -N) local_rank: R (pid: P)"), then a table of
+# every worker that failed ("exitcode  : -N (pid: P)"). The killed rank's peers fail in their collectives at
+# nearly the same moment, so which one the line names is a race: every report counts.
+_TORCHRUN_FAILED = (re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: (\d+)\)"),
+                    re.compile(r"exitcode\s*: (-?\d+) \(pid: (\d+)\)"))
+# The workers torchrun itself signalled while closing the group (SIGTERM, then SIGKILL for one that does not
+# stop within its timeout): how they died says nothing about the node.
+_TORCHRUN_SIGNALLED = re.compile(r"(?:Sending process|Unable to shutdown process) (\d+)")
 FAULTS = ("crash", "stall")  # the causes [launch] crashes_per_day counts
 
 
@@ -213,9 +221,16 @@ def fault_nodes(run: Path, offsets: dict[str, int], nodes: list[str] = ()) -> se
         with open(path, "rb") as f:
             f.seek(offsets.get(path.name, 0))
             text = f.read().decode("utf-8", "replace")
-        if any(int(sig) in FAULT_SIGNALS for sig, _ in _TORCHRUN_FAILURE.findall(text)):
+        if fault_pids(text):
             found.add(node)
     return found
+
+
+def fault_pids(torchrun_log: str) -> set[int]:
+    """The workers that, by one torchrun's log, died of a fault signal before torchrun stopped them."""
+    signalled = {int(pid) for pid in _TORCHRUN_SIGNALLED.findall(torchrun_log)}
+    died = {(int(code), int(pid)) for pattern in _TORCHRUN_FAILED for code, pid in pattern.findall(torchrun_log)}
+    return {pid for code, pid in died if code < 0 and -code in FAULT_SIGNALS and pid not in signalled}
 
 
 def straggler_nodes(run: Path, since: str, nodes: list[str]) -> set[str]:
