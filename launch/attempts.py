@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import signal
@@ -274,7 +275,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         if args.what == "begin":
-            if args.recipe and (held := claim(args.run, R.load(str(args.recipe)).launch, job=args.job)):
+            # the batch shell (this process's parent) lives as long as the job: the claim's process
+            if args.recipe and (held := claim(args.run, R.load(str(args.recipe)).launch, job=args.job,
+                                              pid=os.getppid())):
                 print(f"error: {held}", file=sys.stderr)
                 return Exit.BAD_INPUT
             event = begin(args.run, args.job, restart=args.restart, nodes=args.nodes)

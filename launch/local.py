@@ -32,6 +32,7 @@ from launch.watchdog import Limits, Watchdog, attempt_name
 from rundir import LOCAL_LOGS_DIR, REPO, exit_file
 from train import recipe as R
 from train.exits import EXIT_FILE_ENV, Exit
+from train.health.heartbeat import LAUNCH_ENV
 from train.health.holder import claim
 from train.health.storage import NoSpace
 
@@ -57,14 +58,14 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return Exit.BAD_INPUT
     run, job = recipe.output_dir, f"local-{os.getpid()}"
-    if held := claim(run, recipe.launch, say=lambda line: print(f"launch.local: {line}", file=sys.stderr)):
+    if held := claim(run, recipe.launch, job=job, say=lambda line: print(f"launch.local: {line}", file=sys.stderr)):
         print(f"error: {held}", file=sys.stderr)  # before begin(), which clears the holder's heartbeats
         return Exit.BAD_INPUT
     cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", f"--nproc-per-node={args.nproc}",
            f"--signals-to-handle={SIGNALS_TO_HANDLE}", f"--log-dir={logs_dir(run) / LOCAL_LOGS_DIR}", "--tee=3",
            "--local-ranks-filter=0", str(REPO / "train.py"), "--recipe", args.recipe,
            *(f"--set={s}" for s in args.set)]
-    env = {**os.environ, EXIT_FILE_ENV: str(exit_file(run))}
+    env = {**os.environ, EXIT_FILE_ENV: str(exit_file(run)), LAUNCH_ENV: job}  # the ranks hold this launch's claim
     proc = None
     signal.signal(signal.SIGUSR1, lambda sig, frame: proc and proc.send_signal(sig))
     while True:

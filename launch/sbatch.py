@@ -35,6 +35,7 @@ from pathlib import Path
 
 from rundir import BATCH_LOG, NODE_LOG, REPO, exit_file, logs_dir
 from train.exits import EXIT_FILE_ENV
+from train.health.heartbeat import LAUNCH_ENV
 
 SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 
@@ -105,6 +106,7 @@ def render(job: Job) -> str:
         f"PY={q(job.python)}",
         *(f"export {k}={q(v)}" for k, _, v in (e.partition("=") for e in environment(job))),
         f"export {EXIT_FILE_ENV}={q(str(exit_file(run)))}",
+        f'export {LAUNCH_ENV}="$SLURM_JOB_ID"',  # the ranks hold the job's claim of the run dir
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f"port={port}",
         'echo "$(date -Is) job $SLURM_JOB_ID start ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST"',

@@ -79,6 +79,9 @@ ATTEMPTS_FILE = "attempts.jsonl"
 EXIT_FILE = "exit.json"
 HEARTBEAT_DIR = "heartbeat"
 LOGS_DIR = "logs"  # also in a sweep dir: launch.local's output, a file per run
+CLAIMS_DIR = "claims"  # in launcher/: one file per claim of the run dir (train.health.holder)
+CLAIM_FILE = "claim-{number:06d}.json"  # in claims/: the claims in the order they were made
+CLAIM_RE = re.compile(r"claim-(\d+)\.json")  # CLAIM_FILE's number
 JOBS_FILE = "jobs"  # launch.slurm: the run's job ids, one a line
 SBATCH_FILE = "job.sbatch"  # launch.slurm: the batch script it submitted
 # under launcher/heartbeat/ and stalls/<attempt>/, one file a rank (str.format(rank=R); rank="*" to glob)
@@ -233,6 +236,22 @@ def attempts_file(run: Path) -> Path:
 def logs_dir(run: Path) -> Path:
     """The launchers' logs: SLURM's batch.log and a log per node, launch.local's folder per start."""
     return launcher_dir(run) / LOGS_DIR
+
+
+def claims_dir(run: Path) -> Path:
+    """The claims of the run dir, one file each, made with link(2) so that exactly one launch makes each
+    (train.health.holder)."""
+    return launcher_dir(run) / CLAIMS_DIR
+
+
+def claim_file(run: Path, number: int) -> Path:
+    return claims_dir(run) / CLAIM_FILE.format(number=number)
+
+
+def claim_numbers(run: Path) -> list[int]:
+    """The numbers of the run dir's claims, newest first."""
+    found = (CLAIM_RE.fullmatch(f.name) for f in claims_dir(run).glob("claim-*.json"))
+    return sorted((int(m.group(1)) for m in found if m), reverse=True)
 
 
 def heartbeat_dir(run: Path) -> Path:

@@ -212,6 +212,68 @@ def test_the_slurm_batch_scripts_begin_refuses_a_held_run_dir_before_writing_any
     assert rundir.attempts_file(run).is_file() and not rundir.heartbeat_dir(run).exists()
 
 
+# ---- at the same instant, and after an end -------------------------------------------------------
+
+# A SLURM batch script's first step (``launch.attempts begin``), held at a barrier: it says it is ready,
+# then spins on the go file, so that both racers enter the claim within about a millisecond.
+RACER = ("import os, sys, time; from launch.attempts import main; ready, go = sys.argv[1:3]; open(ready, 'w').close()\n"
+         "while not os.path.exists(go): time.sleep(0.0005)\n"
+         "sys.exit(main(sys.argv[3:]))")
+
+
+def test_two_launches_released_together_exactly_one_passes_each_time(tmp_path):
+    """No beat is written by either (they are still starting): only the claim tells them apart. Between
+    tries the winner's end is recorded, which frees the run dir at once."""
+    run, recipe = tmp_path / "run", str(REPO / "recipes" / "tiny.toml")
+    for attempt in range(24):
+        gate = tmp_path / f"try-{attempt}"
+        gate.mkdir()
+        jobs = [f"{attempt}0", f"{attempt}1"]
+        racers = [subprocess.Popen([sys.executable, "-c", RACER, str(gate / job), str(gate / "go"), "begin", str(run),
+                                    "--job", job, "--recipe", recipe], cwd=REPO, env=env(), text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE) for job in jobs]
+        wait_for(lambda: all((gate / job).exists() for job in jobs), "both racers at the barrier", timeout=60)
+        (gate / "go").touch()
+        results = [(r.wait(timeout=60), r.stderr.read()) for r in racers]
+        codes = sorted(code for code, _ in results)
+        assert codes == [0, Exit.BAD_INPUT], (attempt, results)
+        winner = jobs[[code for code, _ in results].index(0)]
+        refused = next(err for code, err in results if code)
+        assert "claimed by another launch that is starting" in refused and f": {winner} (claimed" in refused, refused
+        assert [e["job"] for e in rundir.read_jsonl(rundir.attempts_file(run)) if e["event"] == "start"][-1] == winner
+        from launch.attempts import main as attempts_main
+        assert attempts_main(["end", str(run), "--job", winner, "--rc", "0"]) == 0
+
+
+def test_a_finished_multi_node_runs_dir_accepts_a_new_job_at_once(tmp_path):
+    """Its last beats from another host are fresh, but its launcher recorded its end: its ranks are gone."""
+    from launch.attempts import main as attempts_main
+
+    run, recipe = tmp_path / "run", str(REPO / "recipes" / "tiny.toml")
+    assert attempts_main(["begin", str(run), "--job", "77", "--recipe", recipe]) == 0
+    write_beat(run, 1, pid=4242, host="node-b", launch="77/0/node-a:20077", age=0.5)  # after begin cleared them
+    beat = json.loads(rundir.beat_file(run, 1).read_text()) | {"owner": "77"}
+    rundir.beat_file(run, 1).write_text(json.dumps(beat))
+    said = []
+    assert "beating on node-b" in claim(run, LIMITS, job="78", say=said.append)  # the job still runs
+    assert attempts_main(["end", str(run), "--job", "77", "--rc", "0"]) == 0
+    assert claim(run, LIMITS, job="78", say=said.append) is None and said == []
+
+
+def test_a_claim_from_another_host_holds_for_the_first_steps_allowance(tmp_path):
+    """A launch starting on another node has claimed the run dir and written no beat yet."""
+    run = tmp_path / "run"
+    record = {"owner": "77", "host": "node-b", "pid": 4242, "agent": 1, "time": time.time() - 250, "process": 1.0}
+    rundir.claims_dir(run).mkdir(parents=True)
+    rundir.claim_file(run, 1).write_text(json.dumps(record))
+    held = claim(run, LIMITS, job="78")
+    assert held and "claimed by another launch that is starting: 77" in held and "node-b" in held, held
+    said = []
+    assert claim(run, LIMITS, job="78", now=time.time() + 100, say=said.append) is None  # 350 s > 300 s
+    assert "took over from a stale holder" in said[0] and "no beat in the first step's allowance" in said[0], said
+    assert json.loads(rundir.claim_file(run, 2).read_text())["owner"] == "78"
+
+
 # ---- die with the parent -----------------------------------------------------------------------
 
 RANK = ("import sys, time; sys.path.insert(0, {repo!r}); from train.health.holder import die_with_parent; "

@@ -14,8 +14,10 @@ The record also carries what goodput accounting (``train.health.goodput``) needs
 from this process: the marks of its way to the first step (``process`` start,
 ``trainer`` init, ``rendezvous`` done, ``built``, checkpoint ``loaded``,
 ``first_step`` done: wall-clock seconds), and after the first step the seconds
-spent in each phase (``phase_s``), summed at each beat; and ``launch``, the id its
-launch's ranks share (``train.health.holder`` tells another launch's ranks by it).
+spent in each phase (``phase_s``), summed at each beat; ``launch``, the id its
+launch's ranks share (``train.health.holder`` tells another launch's ranks by it); and ``owner``,
+who claimed the run dir for them (``launch_owner``: the holder frees the run dir of an owner whose
+end the launcher recorded).
 
 Torch-free: ``launch.watchdog`` shares the reader.
 """
@@ -44,6 +46,16 @@ def launch_id() -> str:
                      f"{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"])
 
 
+# Set by launch.local and the SLURM batch script for the ranks they start: the job that claimed the run dir.
+LAUNCH_ENV = "LANEFORMER_LAUNCH"
+
+
+def launch_owner() -> str:
+    """Who holds the run dir for this process (train.health.holder's claim): the launcher's job where a
+    launcher started it (``LAUNCH_ENV``), else this launch's id."""
+    return os.environ.get(LAUNCH_ENV) or launch_id()
+
+
 def process_start_time(pid: int | str = "self") -> float | None:
     """A process's start, wall clock (Linux: /proc): this one's for time to the first step (falls back
     to now), another's for train.health.holder (None when it is gone)."""
@@ -66,8 +78,8 @@ class Heartbeat:
         catch_stack_dumps(run, self.rank)  # before the first beat names this pid to a launcher
         self.fd = os.open(beat_file(run, self.rank), os.O_WRONLY | os.O_CREAT, 0o644)
         self.record = {"rank": self.rank, "world": int(os.environ.get("WORLD_SIZE", 1)), "pid": os.getpid(),
-                       "host": socket.gethostname(), "launch": launch_id(), "step": 0, "phase": Phase.BUILD.value,
-                       "done": 0, "marks": {"process": process_start_time(), "trainer": time.time()}, "phase_s": {}}
+                       "host": socket.gethostname(), "launch": launch_id(), "owner": launch_owner(), "step": 0,
+                       "phase": Phase.BUILD.value, "done": 0, "marks": {"process": process_start_time(), "trainer": time.time()}, "phase_s": {}}
         self.written: tuple[tuple, float] = ((), 0.0)  # ((phase, step, done), time) of the last write
         self.beat(Phase.BUILD)
 

@@ -37,6 +37,7 @@ Torch-free: launch.local calls ``claim`` before it records a start.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -47,7 +48,7 @@ from datetime import datetime
 from pathlib import Path
 
 import rundir
-from train.health.heartbeat import launch_id, process_start_time, read_beats
+from train.health.heartbeat import LAUNCH_ENV, launch_id, launch_owner, process_start_time, read_beats
 from train.health.stall import Limits, allowance
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -138,7 +139,10 @@ def holders(run: Path, limits, *, now: float | None = None, host: str | None = N
         if not _ours(b, own, host) and not (job and str(b.get("launch", "")).split("/")[0] == str(job)):
             groups.setdefault(str(b.get("launch", "?")), []).append(b)
     found = []
+    ends = ended(run)
     for launch, beats in groups.items():
+        if any(_ended_after(ends, b.get("owner"), b.get("time", 0.0)) for b in beats):
+            continue  # its launcher recorded its end: its ranks are gone from every host
         local = [b for b in beats if b.get("host") == host]
         remote = [b for b in beats if b.get("host") != host]
         alive = [b for b in local if pid_alive(b.get("pid"), b.get("marks", {}).get("process"))]
@@ -160,21 +164,118 @@ def holders(run: Path, limits, *, now: float | None = None, host: str | None = N
 
 
 def claim(run: Path, limits, *, say=None, now: float | None = None, host: str | None = None,
-          own: str | None = None, job: str | None = None) -> str | None:
-    """Why this launch may not write into ``run`` (another launch's ranks are alive there), or None. A
-    stale holder is taken over: ``say`` (default: print to stderr) is told which. ``own``, ``job``: as
-    for ``holders``."""
-    found = holders(run, limits, now=now, host=host, own=own, job=job)
-    live = [h for h in found if h.alive]
-    if live:
-        return (f"run dir {run} is held by another launch whose ranks are alive: "
-                + "; and ".join(h.describe(now) for h in live)
-                + ". One live writer per run dir: stop it (its torchrun and ranks) or train into another run dir")
-    if found:
-        text = "; ".join(h.describe(now) for h in found)
-        (say or (lambda line: print(line, file=sys.stderr, flush=True)))(
-            f"run dir {run}: took over from a stale holder: {text}")
-    return None
+          own: str | None = None, job: str | None = None, pid: int | None = None) -> str | None:
+    """Why this launch may not write into ``run`` (another launch holds it), or None once this launch
+    holds it. A stale holder is taken over: ``say`` (default: print to stderr) is told which. ``own``,
+    ``job``: as for ``holders``; ``job`` is also the claim's owner (default ``launch_owner()``); ``pid``:
+    the process whose life is the launch's (default this one; the SLURM batch script's shell for
+    ``launch.attempts begin``, a process that exits at once).
+
+    Heartbeats tell a launch that trains; the claim files tell one that is starting (no beat yet):
+    the next claim file is made with link(2), which one launch alone can do, so two launches started
+    in the same instant cannot both pass."""
+    now = time.time() if now is None else now
+    host = socket.gethostname() if host is None else host
+    owner = str(job) if job else launch_owner()
+    while True:
+        found = holders(run, limits, now=now, host=host, own=own, job=job)
+        if live := [h for h in found if h.alive]:
+            return refusal(run, "held by another launch whose ranks are alive: "
+                           + "; and ".join(h.describe(now) for h in live))
+        number, latest = latest_claim(run)
+        if _mine(latest, owner, host, by_launcher=bool(job) or LAUNCH_ENV in os.environ):
+            return None  # this launch's launcher or another of its ranks claimed it, or an earlier start of its job
+        holding, why = claim_holds(run, latest, limits, now, host) if latest else (False, "")
+        if holding:
+            return refusal(run, f"claimed by another launch that is starting: {why}")
+        record = {"owner": owner, "host": host, "pid": pid or os.getpid(), "agent": os.getppid(), "time": now,
+                  "process": process_start_time(pid or os.getpid())}
+        if not _create(rundir.claim_file(run, number + 1), record):
+            continue  # another launch made that claim first: judge it
+        stale = [h.describe(now) for h in found] + ([why] if why.startswith("stale") else [])
+        if stale:
+            (say or (lambda line: print(line, file=sys.stderr, flush=True)))(
+                f"run dir {run}: took over from a stale holder: {'; '.join(stale)}")
+        return None
+
+
+def _mine(record: dict, owner: str, host: str, by_launcher: bool) -> bool:
+    """Whether the claim ``record`` was made for this launch: its owner is this one's and, where the owner
+    is only a launch id (no launcher: plain torchrun repeats its id with its default run id and port),
+    it was made on another host of the launch or under this process's torchrun agent."""
+    if record.get("owner") != owner:
+        return False
+    return (by_launcher or record.get("host") != host or record.get("agent") == os.getppid()
+            or record.get("pid") == os.getpid())
+
+
+def refusal(run: Path, why: str) -> str:
+    return (f"run dir {run} is {why}. One live writer per run dir: stop it (its torchrun and ranks) "
+            "or train into another run dir")
+
+
+def latest_claim(run: Path) -> tuple[int, dict]:
+    """(number, record) of the run dir's newest claim; (0, {}) if none."""
+    numbers = rundir.claim_numbers(run)
+    for number in numbers:
+        try:
+            return number, json.loads(rundir.claim_file(run, number).read_text())
+        except (OSError, ValueError):
+            continue  # unreadable: an older claim decides
+    return max(numbers, default=0), {}
+
+
+def claim_holds(run: Path, record: dict, limits, now: float, host: str) -> tuple[bool, str]:
+    """Whether the launch that made the claim ``record`` may still write into ``run``, and why. Its end,
+    recorded by its launcher, frees the run dir at once; else, on this host, its process must be alive;
+    on another host, its ranks' beats decide (``holders`` found them stale, or they would hold the run
+    dir), or, before any beat, the first step's allowance since the claim."""
+    who = (f"{record.get('owner')} (claimed from pid {record.get('pid')} on {record.get('host')} "
+           f"{max(0.0, now - record.get('time', 0.0)):.1f} s ago)")
+    if _ended_after(ended(run), record.get("owner"), record.get("time", 0.0)):
+        return False, f"ended: {who}"
+    if record.get("host") == host:
+        if pid_alive(record.get("pid"), record.get("process")):
+            return True, f"{who}; alive: pid {record.get('pid')}"
+        return False, f"stale: {who}; pid {record.get('pid')} gone from {host}"
+    if any(b.get("owner") == record.get("owner") for b in read_beats(run)):
+        return False, f"stale: {who}; its ranks' beats are stale"
+    allowed = allowed_silence([], limits)
+    if now - record.get("time", 0.0) <= allowed:
+        return True, f"{who}; no beat yet, within the first step's allowance ({allowed:g} s)"
+    return False, f"stale: {who}; no beat in the first step's allowance ({allowed:g} s)"
+
+
+def _create(path: Path, record: dict) -> bool:
+    """Make ``path`` holding ``record`` unless it exists: link(2) of a written file, atomic on NFS too
+    (where a lost reply can make a link that worked fail: then the file's link count says it worked)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.{time.monotonic_ns()}")
+    tmp.write_text(json.dumps(record) + "\n")
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:
+        return tmp.stat().st_nlink == 2
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def ended(run: Path) -> dict[str, float]:
+    """Each job's latest end, as its launcher recorded it (``launch.attempts``): job -> time."""
+    ends: dict[str, float] = {}
+    for event in rundir.read_jsonl(rundir.attempts_file(run)):
+        if event.get("event") == "end":
+            when = datetime.fromisoformat(event["time"]).timestamp()
+            ends[str(event["job"])] = max(when, ends.get(str(event["job"]), 0.0))
+    return ends
+
+
+def _ended_after(ends: dict[str, float], owner, since: float) -> bool:
+    """Whether the job ``owner`` ended after ``since`` (the end's time is cut to the second)."""
+    return owner is not None and str(owner) in ends and ends[str(owner)] >= since - 1.0
 
 
 def _ours(beat: dict, own: str, host: str) -> bool:
