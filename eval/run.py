@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -70,17 +71,27 @@ def evalplus_datasets(value: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+# Each EvalSpec field and the flag that sets it (``--limit``, ``--samples`` ... serve every benchmark), so
+# that a value the spec refuses is named by the flag the user typed.
+FLAGS = {"core_bundle": "--core", "core_max_per_task": "--max-per-task", "core_tasks": "--core-tasks",
+         "lm_eval_tasks": "--lm-eval", "lm_eval_limit": "--limit", "humaneval": "--humaneval",
+         "humaneval_limit": "--limit", "humaneval_samples": "--samples", "humaneval_temperature": "--temperature",
+         "humaneval_max_new_tokens": "--max-new-tokens", "evalplus": "--evalplus", "evalplus_data": "--evalplus-data",
+         "evalplus_limit": "--limit", "evalplus_chat": "--chat", "evalplus_max_new_tokens": "--max-new-tokens",
+         "evalplus_find_zero": "--evalplus-find-zero", "evalplus_samples": "--samples",
+         "evalplus_temperature": "--temperature", "evalplus_top_p": "--top-p", "evalplus_seed": "--seed"}
+FIELD = re.compile(r"\b(" + "|".join(sorted(FLAGS, key=len, reverse=True)) + r")\b")
+
+
 def spec_of(args: argparse.Namespace) -> EvalSpec:
-    """The EvalSpec the flags ask for (``--limit``, ``--max-new-tokens`` serve every benchmark)."""
-    return EvalSpec(core_bundle=args.core, core_max_per_task=args.max_per_task,
-                    core_tasks=args.core_tasks.split(",") if args.core_tasks else None,
-                    lm_eval_tasks=args.lm_eval, lm_eval_limit=args.limit,
-                    humaneval=args.humaneval, humaneval_limit=args.limit, humaneval_samples=args.samples,
-                    humaneval_temperature=args.temperature, humaneval_max_new_tokens=args.max_new_tokens,
-                    evalplus=args.evalplus and ",".join(args.evalplus), evalplus_data=args.evalplus_data, evalplus_limit=args.limit,
-                    evalplus_chat=args.chat, evalplus_max_new_tokens=args.max_new_tokens,
-                    evalplus_find_zero=args.evalplus_find_zero, evalplus_samples=args.samples,
-                    evalplus_temperature=args.temperature, evalplus_top_p=args.top_p, evalplus_seed=args.seed)
+    """The EvalSpec the flags ask for; a value it refuses raises EvalSpecError naming the flags."""
+    values = {name: getattr(args, flag.removeprefix("--").replace("-", "_")) for name, flag in FLAGS.items()}
+    values["core_tasks"] = args.core_tasks.split(",") if args.core_tasks else None
+    values["evalplus"] = args.evalplus and ",".join(args.evalplus)
+    try:
+        return EvalSpec(**values)
+    except EvalSpecError as e:
+        raise EvalSpecError(FIELD.sub(lambda m: FLAGS[m[1]], str(e))) from None
 
 
 def init_distributed() -> str | None:
@@ -125,9 +136,10 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--limit", type=int, default=default("lm_eval_limit"),
                    help="documents per lm-eval task / HumanEval problems / EvalPlus tasks (default: all)")
     p.add_argument("--samples", type=int, default=default("humaneval_samples"),
-                   help="HumanEval / EvalPlus samples per problem")
+                   help="HumanEval / EvalPlus answers per problem; above 1 needs --temperature above 0 (greedy "
+                        "answers would all be the same one: refused)")
     p.add_argument("--temperature", type=float, default=default("humaneval_temperature"),
-                   help="HumanEval / EvalPlus sampling temperature (0: greedy)")
+                   help="HumanEval / EvalPlus sampling temperature (0: greedy, one answer a problem)")
     p.add_argument("--top-p", type=float, default=default("evalplus_top_p"),
                    help="EvalPlus nucleus sampling (default: EvalPlus's own 0.95)")
     p.add_argument("--seed", type=int, default=default("evalplus_seed"),

@@ -28,7 +28,7 @@ class EvalSpec:
     # Validation loss / bits per byte on held-out tokenized dirs: scored by the trainer
     # (train.callbacks.eval), which has the data pipeline; run_evals leaves them alone.
     val_sources: list[str] = field(default_factory=list)
-    val_samples: int = 64  # sequences scored per held-out set (rounded up to whole batches)
+    val_samples: int = 64  # sequences scored per held-out set: its first ones, the same on any number of ranks
     core_bundle: str | None = None  # a DCLM CORE bundle folder
     core_max_per_task: int | None = None  # None: every item
     core_tasks: list[str] | None = None  # CORE labels to score (the rest count as missing); None: all
@@ -36,8 +36,8 @@ class EvalSpec:
     lm_eval_limit: int | None = None  # documents per task; None: all
     humaneval: bool = False  # HumanEval pass@k (runs model code in a sandbox)
     humaneval_limit: int | None = None  # problems; None: all
-    humaneval_samples: int = 1  # samples per problem
-    humaneval_temperature: float = 0.0  # 0: greedy
+    humaneval_samples: int = 1  # samples per problem (above 1: needs humaneval_temperature > 0)
+    humaneval_temperature: float = 0.0  # 0: greedy, one sample
     humaneval_max_new_tokens: int | None = None  # None: HumanEval's own (eval.humaneval)
     evalplus: str | None = None  # "humaneval", "mbpp" or "humaneval,mbpp": EvalPlus pass@k (greedy: pass@1)
     # A folder holding HumanEvalPlus.jsonl(.gz) / MbppPlus.jsonl(.gz), or one release file per
@@ -67,9 +67,11 @@ class EvalSpec:
             raise EvalSpecError(f"evalplus_temperature: must be >= 0 (got {self.evalplus_temperature})")
         if not 0 < self.evalplus_top_p <= 1:
             raise EvalSpecError(f"evalplus_top_p: must be in (0, 1] (got {self.evalplus_top_p})")
-        if self.evalplus and self.evalplus_samples > 1 and self.evalplus_temperature == 0:
-            raise EvalSpecError(f"evalplus_samples: {self.evalplus_samples} answers a task at evalplus_temperature 0 "
-                                "would all be the greedy one: set evalplus_temperature > 0 (or one sample)")
+        for bench in ("humaneval", "evalplus"):  # the one rule for both: N greedy answers are one answer N times
+            samples, temperature = getattr(self, f"{bench}_samples"), getattr(self, f"{bench}_temperature")
+            if getattr(self, bench) and samples > 1 and temperature == 0:
+                raise EvalSpecError(f"{bench}_samples: {samples} answers a task at {bench}_temperature 0 would all "
+                                    f"be the greedy one: set {bench}_temperature > 0 (or {bench}_samples 1)")
         if self.evalplus_find_zero not in ("fixed", "released"):
             raise EvalSpecError(f"evalplus_find_zero: {self.evalplus_find_zero!r} is not 'fixed' or 'released'")
         if self.evalplus is not None:

@@ -49,6 +49,18 @@ def test_no_task_exits_2_before_loading_anything(tmp_path, capsys):
     assert "no-such-run" not in err
 
 
+@pytest.mark.parametrize("task", [["--humaneval"], ["--evalplus", "humaneval"]])
+def test_several_samples_at_temperature_0_exit_2_naming_the_flags(tmp_path, capsys, task):
+    """HumanEval and EvalPlus alike: N greedy answers would be one answer N times. Said before the
+    checkpoint (which does not exist) is opened; the rule is in --help."""
+    err = exit_2(capsys, ["--checkpoint", str(tmp_path / "no-such-run"), *task, "--samples", "3"])
+    assert err == ("error: --samples: 3 answers a task at --temperature 0 would all be the greedy one: "
+                   "set --temperature > 0 (or --samples 1)\n")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "answers per problem; above 1 needs --temperature above 0" in " ".join(capsys.readouterr().out.split())
+
+
 # --- the tokenizer ---
 
 

@@ -54,8 +54,12 @@ def test_flags_reach_the_spec(monkeypatch):
     ({"evalplus_temperature": -1.0}, r"evalplus_temperature: must be >= 0"),
     ({"evalplus_top_p": 0.0}, r"evalplus_top_p: must be in \(0, 1\] \(got 0.0\)"),
     ({"evalplus_top_p": 1.5}, r"evalplus_top_p: must be in \(0, 1\]"),
-    ({"evalplus": "mbpp", "evalplus_samples": 4}, "evalplus_samples: 4 answers a task at evalplus_temperature 0 "
-                                                  "would all be the greedy one"),
+    ({"evalplus": "mbpp", "evalplus_samples": 4}, r"^evalplus_samples: 4 answers a task at evalplus_temperature 0 "
+                                                  r"would all be the greedy one: set evalplus_temperature > 0 "
+                                                  r"\(or evalplus_samples 1\)$"),
+    ({"humaneval": True, "humaneval_samples": 4}, r"^humaneval_samples: 4 answers a task at humaneval_temperature 0 "
+                                                  r"would all be the greedy one: set humaneval_temperature > 0 "
+                                                  r"\(or humaneval_samples 1\)$"),
 ])
 def test_bad_values_name_the_field(values, message):
     with pytest.raises(EvalSpecError, match=message):
@@ -79,10 +83,13 @@ def test_recipe_eval_is_the_spec_plus_when(tmp_path):
         R.load("tiny.toml", ["eval.every=-1"])
     with pytest.raises(R.RecipeError, match=r"\[eval\] evalplus_find_zero: must be one of \['fixed', 'released'\]"):
         R.load("tiny.toml", ['eval.evalplus_find_zero="x"'])
+    with pytest.raises(R.RecipeError, match=r"tiny\.toml: \[eval\] humaneval_samples: 3 answers a task at "
+                                            r"humaneval_temperature 0 would all be the greedy one"):
+        R.load("tiny.toml", ["eval.humaneval=true", "eval.humaneval_samples=3"])
 
     data = tmp_path / "HumanEvalPlus.jsonl"
     r = R.load("tiny.toml", ['eval.evalplus="humaneval,mbpp"', f'eval.evalplus_data="{data},rel/MbppPlus.jsonl"',
-                             "eval.humaneval=true", "eval.humaneval_samples=3"])
+                             "eval.humaneval=true", "eval.humaneval_samples=3", "eval.humaneval_temperature=0.8"])
     assert r.eval.evalplus_data == f"{data},{R.absolute('rel/MbppPlus.jsonl')}"  # each file made absolute
     spec = r.eval.spec()
     assert type(spec) is EvalSpec and spec.humaneval_samples == 3 and spec.evalplus_datasets == ["humaneval", "mbpp"]

@@ -1,24 +1,29 @@
 """Held-out sets in a run (data.holdout): the preflight refuses a source whose held-out set is missing
 or split otherwise, naming the command that splits it; the dry run lists every set with its size; the
-in-loop validation scores each set and weights their mean by tokens."""
+in-loop validation scores each set's first val_samples samples (the same on any number of ranks and any
+micro batch) and weights their mean by tokens."""
 
 from __future__ import annotations
 
+import itertools
 import math
+import shutil
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 
 from data import holdout as H
 from data.mixture import IGNORE_INDEX, Mixture, SourceSpec
 from data.tokenizer import Tokenizer
 from eval.spec import EvalSpec
+from tests.conftest import metrics, short, train
 from tests.data.test_holdout import random_docs, write_source
 from train import data as train_data
 from train import recipe as R
 from train.build import preflight
-from train.callbacks.eval import Eval, token_bytes
+from train.callbacks.eval import Eval, token_bytes, validation_rows
 from train.metric_names import VAL_BPB, VAL_LOSS, per_set
 from train.plan.data import data_report
 
@@ -66,8 +71,8 @@ def test_the_dry_run_lists_each_held_out_set_with_what_its_shards_hold(tmp_path)
         documents = sum(p.stat().st_size // 8 for p in held.glob("*.ds.index"))
         tokens = sum(p.stat().st_size // 2 for p in held.glob("*.ds"))
         assert f"  {s.name}: {documents:,} documents, {tokens:,} tokens; holdout 0.1: {held}\n" in report + "\n"
-    assert "held-out sets (never trained on; validated every 100 steps and at the end, 16 x 128 tokens of each): " \
-           "eval/val_loss/<name>, eval/val_bpb/<name>" in report
+    assert "held-out sets (never trained on; validated every 100 steps and at the end, on the first 16 sequences " \
+           "of 128 tokens of each, on any number of GPUs): eval/val_loss/<name>, eval/val_bpb/<name>" in report
 
 
 class Unigram(torch.nn.Module):
@@ -94,8 +99,8 @@ def test_validation_scores_every_set_and_weights_their_mean_by_tokens(tmp_path):
 
     logp, nbytes = torch.log_softmax(model.bias, -1).numpy(), token_bytes(tok.sp)
     totals = {}
-    for name, path in sets.items():  # ceil(3 / 2) batches of 2: samples 0-3 of each set
-        labels = Mixture([SourceSpec(name, path, weight=1.0, max_epochs=1e9)], seq_len).batch(np.arange(4))["labels"]
+    for name, path in sets.items():  # samples 0-2 of each set: the second batch's second row is padding
+        labels = Mixture([SourceSpec(name, path, weight=1.0, max_epochs=1e9)], seq_len).batch(np.arange(3))["labels"]
         kept = labels[labels != IGNORE_INDEX]
         totals[name] = (-logp[kept].sum(), len(kept), nbytes[kept].sum())
         assert abs(got[per_set(VAL_LOSS, name)] - totals[name][0] / totals[name][1]) < 1e-5
@@ -107,9 +112,40 @@ def test_validation_scores_every_set_and_weights_their_mean_by_tokens(tmp_path):
     assert abs(got[VAL_BPB] - (n1 + n2) / math.log(2) / (b1 + b2)) < 1e-5
 
 
-def test_a_bad_holdout_is_refused_naming_the_file_and_key(tmp_path):
-    import pytest
+@pytest.mark.parametrize("val_samples", [1, 5, 8, 13])
+def test_validation_scores_exactly_val_samples_on_any_ranks_and_micro_batch(val_samples):
+    """Samples 0 .. val_samples - 1, each on one rank once, whatever the ranks and micro batch; every
+    rank runs as many forwards as the others, of micro rows each (the rest padding)."""
+    for world, micro in itertools.product((1, 2, 3, 8), (1, 2, 4)):
+        ranks = [validation_rows(val_samples, micro, world, rank) for rank in range(world)]
+        assert len({len(batches) for batches in ranks}) == 1
+        assert all(rows.shape == (micro,) for batches in ranks for rows in batches)
+        scored = np.concatenate([rows for batches in ranks for rows in batches])
+        assert sorted(scored[scored >= 0]) == list(range(val_samples)), (world, micro)
 
+
+@pytest.mark.slow
+def test_two_ranks_validate_as_one_with_another_micro_batch(tmp_path):
+    """A 2-rank run's eval at step 2, and the same run resumed from its step-1 checkpoint on 1 rank with
+    half the micro batch: val_samples 3 is a multiple of neither world x micro (8, 2), and the losses are
+    equal (the weights differ by the summation order of one step). Rounded up to whole batches, 2 ranks
+    read 8 samples a set and 1 rank 4."""
+    sets = ("schedule.warmup_steps=1", "run.deterministic=true", "checkpoint.interval=1", "eval.every=0",
+            "eval.val_samples=3")
+    result = train("tiny.toml", *short(tmp_path / "two", 2, *sets), nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    shutil.copytree(tmp_path / "two" / "run", tmp_path / "one" / "run")
+    shutil.rmtree(tmp_path / "one" / "run" / "checkpoints" / "step-2")
+    result = train("tiny.toml", *short(tmp_path / "one", 2, *sets, "training.micro_batch=2"), nproc=1)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Training starts at step 2" in result.stdout
+    two, one = (metrics(tmp_path / d / "run")[2] for d in ("two", "one"))
+    keys = [k for k in two if k.startswith((VAL_LOSS, VAL_BPB))]
+    assert len(keys) == 6  # over all sets, and per set (prose, code)
+    assert {k: one[k] for k in keys} == pytest.approx({k: two[k] for k in keys}, abs=1e-5)
+
+
+def test_a_bad_holdout_is_refused_naming_the_file_and_key(tmp_path):
     text = (R.RECIPES / "tiny.toml").read_text().replace('max_epochs = 4\n', 'max_epochs = 4\nholdout = 1.5\n', 1)
     (tmp_path / "bad.toml").write_text(text)
     with pytest.raises(R.RecipeError) as e:

@@ -45,6 +45,17 @@ def token_bytes(sp) -> np.ndarray:
     return sizes
 
 
+def validation_rows(val_samples: int, micro: int, world: int, rank: int) -> list[np.ndarray]:
+    """``rank``'s rows of a held-out set, batch by batch: samples 0 .. val_samples - 1 dealt out
+    ``micro`` to a rank in turn, -1 for a padding row. Every rank runs as many forwards of ``micro``
+    rows as the busiest (FSDP gathers its weights in every forward; a compiled model keeps one shape),
+    so rows past val_samples are padding, left out of the loss: the scored samples, and so the loss,
+    are the same on any number of ranks and any micro batch."""
+    per_step = world * micro
+    rows = [b * per_step + rank * micro + np.arange(micro) for b in range(math.ceil(val_samples / per_step))]
+    return [np.where(r < val_samples, r, -1) for r in rows]
+
+
 class Eval(Callback, Configurable):
     name = "eval"
     phase = Phase.EVAL
@@ -100,14 +111,12 @@ class Eval(Callback, Configurable):
             self._bytes = torch.from_numpy(token_bytes(tokenizer.sp))
         world = dist.get_world_size() if dist.is_initialized() else 1
         rank = dist.get_rank() if dist.is_initialized() else 0
-        per_step = world * micro
-        n_batches = math.ceil(self.config.spec.val_samples / per_step)
         totals = torch.zeros(len(self._val), 3, dtype=torch.float64)  # per set: nats, tokens, bytes
         for i, val in enumerate(self._val.values()):
-            for b in range(n_batches):
-                first = b * per_step + rank * micro
-                batch = val.batch(np.arange(first, first + micro))
-                labels = torch.from_numpy(batch["labels"])
+            for rows in validation_rows(self.config.spec.val_samples, micro, world, rank):
+                padding = torch.from_numpy(rows < 0)
+                batch = val.batch(np.maximum(rows, 0))  # a padding row reads sample 0 again, scored for nothing
+                labels = torch.from_numpy(batch["labels"]).masked_fill(padding[:, None], IGNORE_INDEX)
                 logits = trainer.model_parts[0](
                     torch.from_numpy(batch["input_ids"]).to(trainer.device),
                     positions=torch.from_numpy(batch["positions"]).to(trainer.device))

@@ -50,8 +50,8 @@ def held_out_report(recipe: R.Recipe) -> list[str]:
     when = f"every {e.every} steps" if e.every else "at the end"
     lines = [f"held-out sets (never trained on; validated {when}"
              + (" and at the end" if e.every and e.at_end else "")
-             + f", {e.val_samples} x {t.seq_len} tokens of each): {per_set(VAL_LOSS, '<name>')}, "
-             f"{per_set(VAL_BPB, '<name>')}"]
+             + f", on the first {e.val_samples} sequences of {t.seq_len} tokens of each, on any number of GPUs): "
+             f"{per_set(VAL_LOSS, '<name>')}, {per_set(VAL_BPB, '<name>')}"]
     for s in recipe.data.sources:
         if not s.holdout:
             lines.append(f"  {s.name}: none (holdout {s.holdout!r})")
