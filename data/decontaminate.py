@@ -17,6 +17,10 @@ n-gram decides the benchmark it is counted under). The texts:
   twelve zeros in a row);
 - CORE (``--core-bundle``, where given): every string of every item of its ``eval_data/**.jsonl``.
 
+A chat source's conversation is matched on its messages' contents, a pair source's row on its prompt's and
+both answers' (``DOCUMENT_TEXT``), a message a line: not on the JSON text the reader hands on, whose
+escaped newlines would cut every n-gram spanning two lines of code.
+
 n-gram size and normalization: datatrove's defaults, 12 words after its ``simplify_text``
 (lowercase, punctuation to spaces, whitespace collapsed, diacritics folded), except that numbers
 are kept (``norm_numbers=False``): test inputs are mostly numbers, and with every number read as
@@ -49,6 +53,8 @@ from datatrove.utils.hashing import HashConfig
 from datatrove.utils.text import TextNormConfig, ngrams, simplify_text
 from datatrove.utils.word_tokenizers import WordTokenizer
 
+from data.chat import BadConversation
+from data.pairs import split_pair
 from data.shards import LOGS_DIR, load_manifest, open_source
 from data.tokenizer import Tokenizer
 
@@ -216,29 +222,48 @@ def build_index(folder: str | Path, files: dict[str, str]) -> dict[str, int]:
     return BenchmarkIndexer(str(folder), config=CONFIG, language=WORDS).run(texts())
 
 
-def conversation_text(text: str) -> str:
-    """A conversation document (data.chat_tokenize.chat_adapter's JSON) as the text of its messages."""
-    messages = json.loads(text)
+def messages_text(messages) -> str:
+    """The contents of a message list, a message a line ("" for anything else)."""
     return "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict)) \
         if isinstance(messages, list) else ""
 
 
-class BenchmarkFilter(NGramsDecontFilter):
-    """datatrove's NGramsDecontFilter with this module's config and words; ``chat``: a document's text is
-    a conversation's JSON, matched on its messages' contents (JSON escapes would split n-grams)."""
+def conversation_text(text: str) -> str:
+    """A conversation document (data.chat_tokenize.chat_adapter's JSON) as the text of its messages."""
+    return messages_text(json.loads(text))
 
-    def __init__(self, index_folder: str | Path, chat: bool = False, dropped_folder: str | Path | None = None):
+
+def pair_text(text: str) -> str:
+    """A pair document (data.pairs_tokenize.pair_adapter's JSON) as the text of the messages a pair trains on:
+    its prompt's, then both answers', as data.pairs reads them in every format; "" for a row data.pairs
+    cannot read (the pair tokenizer refuses it and counts it)."""
+    try:
+        _, prompt, chosen, rejected = split_pair(json.loads(text))
+    except BadConversation:
+        return ""
+    return messages_text([*prompt, chosen, rejected])
+
+
+DOCUMENT_TEXT = {"chat": conversation_text, "pairs": pair_text}  # a document kind's JSON -> the text matched
+
+
+class BenchmarkFilter(NGramsDecontFilter):
+    """datatrove's NGramsDecontFilter with this module's config and words. ``kind`` (a DOCUMENT_TEXT key): the
+    document's text is JSON, matched on its messages' contents; in the JSON text, escaped newlines would
+    become words of their own (``\\n`` -> "n"), so no n-gram spanning two lines could match."""
+
+    def __init__(self, index_folder: str | Path, kind: str | None = None, dropped_folder: str | Path | None = None):
         from datatrove.pipeline.writers import JsonlWriter
 
         writer = JsonlWriter(str(dropped_folder)) if dropped_folder else None
         super().__init__(str(index_folder), config=CONFIG, exclusion_writer=writer, language=WORDS)
-        self.chat = chat
+        self.kind = kind
 
     def filter(self, doc: Document):
-        if not self.chat:
+        if self.kind is None:
             return super().filter(doc)
         text = doc.text
-        doc.text = conversation_text(text)
+        doc.text = DOCUMENT_TEXT[self.kind](text)
         try:
             return super().filter(doc)
         finally:
@@ -250,9 +275,10 @@ def decont_dir(out: Path) -> Path:
 
 
 def prepare(out: Path, benchmarks: list[str], evalplus_data: str | None, core_bundle: str | None,
-            chat: bool) -> BenchmarkFilter:
-    """Index the benchmarks for a tokenization into ``out`` and return its filter step. A rerun must ask
-    for the same decontamination as the run whose finished tasks it keeps."""
+            kind: str | None) -> BenchmarkFilter:
+    """Index the benchmarks for a tokenization into ``out`` and return its filter step (``kind``: "chat" or
+    "pairs" for JSON documents, see BenchmarkFilter). A rerun must ask for the same decontamination as the
+    run whose finished tasks it keeps."""
     folder = decont_dir(out)
     files = benchmark_files(benchmarks, evalplus_data, core_bundle)
     config = {"n_grams": NGRAM, "normalization": asdict(CONFIG.norm_config), "min_distinct_test_words": MIN_DISTINCT,
@@ -268,7 +294,7 @@ def prepare(out: Path, benchmarks: list[str], evalplus_data: str | None, core_bu
                                        f"from {before['files']}; rerun with the same, or into a new --out")
     config["index_ngrams"] = build_index(folder / INDEX_DIR, files)
     path.write_text(json.dumps(config, indent=1) + "\n")
-    return BenchmarkFilter(folder / INDEX_DIR, chat=chat, dropped_folder=folder / DROPPED_DIR)
+    return BenchmarkFilter(folder / INDEX_DIR, kind, dropped_folder=folder / DROPPED_DIR)
 
 
 def check_rerun(out: Path) -> None:

@@ -23,8 +23,9 @@ source's manifest records the rule under ``holdout``. The source's shards, check
 manifest (so its mixture index, data.index) change: a run that had started on the unsplit
 source reads other batches if it resumes on the split one.
 
-A second split with the same setting changes nothing; another setting is refused (tokenize
-again to change it). Keys are held in memory, 8 bytes a document. A split rewrites each
+A second split with the same setting changes nothing, once it has checked that no training shard
+holds a held-out document (by key: a shard written again after the split would); another setting is
+refused (tokenize again to change it). Keys are held in memory, 8 bytes a document. A split rewrites each
 shard under a temporary name and renames it into place; one interrupted during its renames
 leaves a source that ``python -m data.verify`` refuses: tokenize it again.
 """
@@ -121,6 +122,21 @@ def _commit(path: Path) -> None:
             os.replace(f"{path}{suffix}.tmp", f"{path}{suffix}")
 
 
+def check_kept_out(directory: Path, manifest: dict) -> None:
+    """A re-run's check that the split still holds: no training shard holds a document whose key is a held-out
+    document's. Shards written again after the split (a tokenization into the same dir) would otherwise
+    train on the held-out set while ``heldout/`` still says it is held out. Reads every document, as the
+    split did."""
+    held_dir = held_out_dir(directory)
+    held = np.concatenate([shard_keys(s) for s in _shards(held_dir, load_manifest(held_dir))])
+    for shard in _shards(directory, manifest):
+        leaked = np.flatnonzero(np.isin(shard_keys(shard), held))
+        if leaked.size:
+            raise HoldoutError(f"{directory}: holdout: {shard.path} holds {leaked.size} held-out document(s) of "
+                               f"{held_dir} (first: its document {leaked[0]}): the shard was written again after "
+                               "the split; tokenize the source again into an empty dir")
+
+
 _MANIFEST_OWN = ("format", "tokenizer", "token_size", "dtype", "loss_mask", "num_tokens", "num_documents",
                  "shards", "input")  # what write_manifest computes; every other key is carried over
 
@@ -139,6 +155,7 @@ def split(directory: str | Path, holdout: float | int) -> dict:
         if entry["holdout"] != holdout:
             raise HoldoutError(f"{directory}: already split with holdout {entry['holdout']!r} ("
                                f"{held_out_dir(directory) / MANIFEST}), not {holdout!r}: tokenize it again to change it")
+        check_kept_out(directory, manifest)
         if manifest.get("holdout") != entry:  # tokenization rerun: its manifest was rewritten from the shards
             _rewrite(directory, manifest, entry)
         return entry

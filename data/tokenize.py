@@ -299,7 +299,8 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
     if exclude:
         pipeline.insert(1, ExcludeRows(exclude))
     if decontaminate:  # after the reader (and --exclude): datatrove's n-gram filter, drops counted per benchmark
-        pipeline.insert(-1, decont.prepare(out, decontaminate, evalplus_data, core_bundle, chat=bool(chat_key)))
+        kind = "chat" if chat_key else "pairs" if pairs else None  # JSON documents: matched on their messages
+        pipeline.insert(-1, decont.prepare(out, decontaminate, evalplus_data, core_bundle, kind))
     else:
         decont.check_rerun(out)
     if slurm is None:

@@ -8,7 +8,8 @@ Kept: clean prose and code (common idioms, a prime check sharing 10 words with a
 config list of repeated numbers, a CSV table), and the renamed solution without its prompt, which no
 12-gram can catch (asserted, with why).
 The standalone report over the same corpus tokenized without decontamination counts the same
-documents and changes no byte or mtime of the source.
+documents and changes no byte or mtime of the source. Chat and pair sources are matched on their
+messages' text, not on their JSON.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 
 from data import decontaminate as D
 from data import tokenize
+from data.pairs import pairs_of
 from data.shards import open_source
 from data.tokenizer import TINY_TOKENIZER, Tokenizer
 from tests.eval.evalplus_cases import HUMANEVAL, MBPP, write_release
@@ -220,3 +222,96 @@ def test_a_recipe_source_with_decontaminate_is_tokenized_with_it(corpus, evalplu
     bad = recipe_with(tmp_path, block.replace('"mbpp"', '"gsm8k"'))
     assert main(["tokenize", "--recipe", str(bad), "--source", "code"]) == 2
     assert "decontaminate: ['humaneval', 'gsm8k']: expected distinct names" in capsys.readouterr().err
+
+
+def lines_with_a_whole_n_gram(text: str) -> list[str]:
+    """The lines of ``text`` holding NGRAM words on their own (after the filter's normalization)."""
+    return [line for line in text.splitlines()
+            if len(D.WORDS.word_tokenize(D.simplify_text(line, D.CONFIG.norm_config))) >= D.NGRAM]
+
+
+POLY = FIND_ZERO["prompt"].split("    return")[0]  # find_zero's prompt to poly's docstring: 17 words on 5 lines
+BISECTION = "".join(FIND_ZERO["canonical_solution"].splitlines(keepends=True)[:3])  # its first 3 solution lines
+PAIRS = [  # (row, the benchmark it is dropped under, or None: kept)
+    ({"id": "clean", "prompt": [{"role": "user", "content": "Name a pet."}],
+      "chosen": [{"role": "assistant", "content": "Dog."}],
+      "rejected": [{"role": "assistant", "content": "I would rather not say."}]}, None),
+    ({"id": "prompt-planted", "prompt": [{"role": "user", "content": "Finish this module:\n\n" + POLY}],
+      "chosen": [{"role": "assistant", "content": "Done."}],
+      "rejected": [{"role": "assistant", "content": "No."}]}, "humaneval"),
+    ({"id": "answer-planted",  # the implicit form: the prompt is the conversation's shared head
+      "chosen": [{"role": "user", "content": "How do I bracket a root?"},
+                 {"role": "assistant", "content": "Double the interval until the signs differ:\n\n" + BISECTION}],
+      "rejected": [{"role": "user", "content": "How do I bracket a root?"},
+                   {"role": "assistant", "content": "Guess."}]}, "humaneval"),
+]
+
+
+def test_pairs_are_matched_on_their_prompt_and_both_answers(evalplus_data, tmp_path):
+    """A pair source: a HumanEval+ prompt planted in one pair's prompt and solution lines in another's
+    chosen answer are dropped and counted; the clean pair is written. No line of either planted text holds
+    12 words on its own, so only n-grams across lines catch them, which the pair's JSON text (its
+    newlines escaped to ``\\n``, a word of its own) would never hold."""
+    assert not lines_with_a_whole_n_gram(POLY) and not lines_with_a_whole_n_gram(BISECTION)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "pairs.jsonl").write_text("".join(json.dumps(row) + "\n" for row, _ in PAIRS))
+    manifest = tokenize.run(str(tmp_path / "in"), tmp_path / "out", TINY_TOKENIZER, pairs=True,
+                            decontaminate=["humaneval", "mbpp"], evalplus_data=str(evalplus_data))
+    planted = {b: [row["id"] for row, bench in PAIRS if bench == b] for b in ("humaneval", "mbpp")}
+    assert manifest["decontamination"]["examples"] == planted == {"humaneval": ["prompt-planted", "answer-planted"],
+                                                                  "mbpp": []}
+    assert manifest["decontamination"]["dropped"] == {"humaneval": 2, "mbpp": 0}
+    assert manifest["pairs"]["pairs"] == 1 and manifest["num_documents"] == 2
+    (chosen, mask, _, _), = pairs_of(tmp_path / "out")
+    assert Tokenizer(TINY_TOKENIZER).decode(chosen[mask == 1]).strip() == "Dog."
+
+
+def test_decontaminated_pairs_are_one_tokenization_whatever_the_loss_type(evalplus_data, tmp_path, capsys):
+    """The "decontaminated pairs" row of the loss-type table (dpo, dpo_norm, simpo): the loss type plays no
+    part in decontamination, so that is what is checked, rather than three identical runs. ``train.data
+    tokenize`` makes the tokenization's arguments (``train.data.tokenize_kwargs``) from the source's fields,
+    ``[data]`` tokenizer and template, ``[training] seq_len`` and ``[eval]``'s benchmark files, before any
+    training; ``[preference] loss`` is read by training alone, from the pairs written. So the arguments are
+    the same for every loss type, and one tokenization of the recipe drops the planted pairs and keeps the
+    clean one."""
+    from train import recipe as R
+    from train.data import main as data_main
+    from train.data import tokenize_kwargs
+    from train.preference.loss import LOSSES
+
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(row) + "\n" for row, _ in PAIRS))
+    recipe = tmp_path / "dpo.toml"
+    recipe.write_text(f"""
+[run]
+name = "t"
+output_dir = "{tmp_path / 'run'}"
+[model]
+flavor = "tiny"
+[data]
+tokenizer = "{TINY_TOKENIZER}"
+[[data.sources]]
+name = "prefs"
+input = "{tmp_path / 'pairs.jsonl'}"
+pairs = true
+path = "{tmp_path / 'tok'}"
+weight = 1.0
+decontaminate = ["humaneval", "mbpp"]
+[preference]
+loss = "dpo"
+[eval]
+evalplus_data = "{evalplus_data}"
+[optimizer]
+lr = 1e-3
+[training]
+seq_len = 128
+global_batch = 2
+micro_batch = 2
+steps = 1
+""")
+    loaded = {loss: R.load(str(recipe), [f'preference.loss="{loss}"']) for loss in LOSSES}
+    assert {loss: r.preference.loss for loss, r in loaded.items()} == {loss: loss for loss in LOSSES}
+    first, *others = (tokenize_kwargs(r, r.data.sources[0]) for r in loaded.values())
+    assert first["decontaminate"] == ["humaneval", "mbpp"] and first["pairs"] and all(k == first for k in others)
+    assert data_main(["tokenize", "--recipe", str(recipe), "--source", "prefs"]) == 0
+    assert "dropped as benchmark overlap (12-grams): {'humaneval': 2, 'mbpp': 0}" in capsys.readouterr().out
+    assert json.loads((tmp_path / "tok" / "manifest.json").read_text())["pairs"]["pairs"] == 1

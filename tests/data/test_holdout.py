@@ -116,6 +116,27 @@ def test_a_second_split_changes_nothing_and_another_setting_is_refused(tmp_path,
         H.split(tmp_path / "small", 100)
 
 
+def test_a_rerun_refuses_a_training_shard_that_holds_a_held_out_document(tmp_path, capsys):
+    """A split source whose shard was written again after the split (tokenized again into its dir, as a
+    tokenization rerun rewrites its manifest from the shards) holds held-out documents in training again;
+    a re-run with the same setting finds their keys there and refuses, naming that shard, instead of
+    recording the split as done."""
+    docs = random_docs(100, seed=8)
+    source = write_source(tmp_path / "src", [docs[:50], docs[50:]])
+    H.split(source, 0.25)
+    held = documents(source / "heldout")
+    leaked = [d for d in docs[50:] if d in held]
+    assert leaked and any(d in held for d in docs[:50])  # both shards had held-out documents
+    write_shard(source / "00001_unshuffled.ds", docs[50:])  # shard 1 as tokenized, before its split
+    write_manifest(source, load_manifest(source)["tokenizer"], {"kind": "test"})
+    manifest = (source / "manifest.json").read_text()
+    assert H.main([str(source), "--holdout", "0.25"]) == 2
+    err = capsys.readouterr().err
+    assert f"{source}: holdout: {source / '00001_unshuffled.ds'} holds {len(leaked)} held-out document" in err
+    assert "00000_unshuffled" not in err  # the shard the split left alone is not named
+    assert (source / "manifest.json").read_text() == manifest  # no holdout entry: the source is not called split
+
+
 @pytest.mark.parametrize("value, why", [(1.0, "a fraction must be in (0, 1)"), (-1, "a document count must be >= 1"),
                                         (True, "expected a fraction"), ("0.1", "expected a fraction")])
 def test_bad_settings_say_why(value, why):
