@@ -36,6 +36,8 @@ import pytest
 
 from rundir import REPO
 from tests.conftest import TORCHRUN, env, losses
+from tests.train.test_sweep_report import ACCURACY as DPO_ACCURACY
+from tests.train.test_sweep_report import fake_preference_sweep
 
 README = REPO / "README.md"
 PROGRAMS = ("python ", "torchrun ", "make ", "tensorboard ", "export ", "... ")
@@ -192,6 +194,15 @@ def made_the_bundled_pairs(work: dict, out: str) -> None:
     files = [f.relative_to(bundled) for f in bundled.rglob("*") if f.is_file() and ".ds" in f.name]
     assert len(files) == 8 and (made / "pairs.jsonl").read_bytes() == (bundled / "pairs.jsonl").read_bytes()
     assert [str(f) for f in files if (made / f).read_bytes() != (bundled / f).read_bytes()] == []
+
+
+def compared_on_preference_accuracy(work: dict, out: str) -> None:
+    """Every tiny-dpo variant compared on held-out accuracy, and the report says why not on the losses."""
+    import csv
+
+    summary = list(csv.DictReader(open(Path(work["dpo_sweep"]) / "summary.csv")))
+    assert [(r["variant"], r["metric"]) for r in summary] == [(v, "eval/pref_accuracy") for v in DPO_ACCURACY]
+    assert "the runs' losses are not on one scale (preference.loss dpo, dpo_norm, simpo; preference.beta 0.1, 5" in out
 
 
 def exported_the_checkpoint(work: dict, out: str) -> None:
@@ -391,9 +402,15 @@ COMMANDS: dict[str, Here | Same | Skip] = {
                                              "1026 pairs, 64,529 tokens", check=made_the_bundled_pairs),
     "python train.py --recipe tiny-dpo": Skip(LONG, "the reference pass over 1,140 pairs and 60 steps (~20 minutes "
         "here); the test named runs a preference run at toy size",
-        "tests/e2e/test_preference.py::test_one_rank_ln2_cache_kill_and_resume_beta_and_loss_type"),
+        "tests/e2e/test_preference.py::test_one_rank_ln2_held_out_cache_kill_and_resume_beta"),
     "python -m launch.sweep recipes/sweeps/tiny-dpo.toml": Skip(LONG, "6 tiny-dpo runs; the test named runs a "
                                                                       "sweep at toy size", SWEEP),
+    # On the sweep dir the fixture lays out as launch.sweep and tiny-dpo.toml's runs leave it, their metrics written
+    # by the test (training them takes ~2 hours here).
+    "python -m train.report runs/sweeps/tiny-dpo": Here("python -m train.report {dpo_sweep}",
+                                                        "held-out preference accuracy at 20,480 tokens "
+                                                        "(eval/pref_accuracy, higher is better;",
+                                                        check=compared_on_preference_accuracy),
     "python train.py --recipe dpo --dry-run": Here("python train.py --recipe dpo --dry-run",
                                                    "reference pass: one forward over 271,409 pairs", rc=2),
     "python -m train.data download --recipe dpo --source tulu3-preference":
@@ -484,8 +501,8 @@ def test_a_same_entry_points_at_a_command_that_runs_and_a_skip_is_reasoned():
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> dict[str, str]:
-    """The placeholders: a run dir (made by the first command, make train), a corpus, a toy CORE bundle
-    and a toy EvalPlus dataset."""
+    """The placeholders: a run dir (made by the first command, make train), a corpus, a toy CORE bundle,
+    a toy EvalPlus dataset and the tiny-dpo sweep's dir with its runs' metrics (not trained)."""
     from tests.eval.conftest import write_toy_core_bundle
     from tests.eval.evalplus_cases import HUMANEVAL, MBPP, write_release
 
@@ -496,7 +513,7 @@ def work(tmp_path_factory) -> dict[str, str]:
     write_release(evalplus / "HumanEvalPlus.jsonl", HUMANEVAL)
     write_release(evalplus / "MbppPlus.jsonl", MBPP)
     return {"tmp": str(tmp), "run": str(tmp / "main"), "bundle": str(write_toy_core_bundle(tmp / "core")),
-            "evalplus": str(evalplus)}
+            "evalplus": str(evalplus), "dpo_sweep": str(fake_preference_sweep(tmp / "tiny-dpo", DPO_ACCURACY))}
 
 
 def run_here(line: str, work: dict) -> subprocess.CompletedProcess:

@@ -10,6 +10,8 @@ The sweep file (``recipes/sweeps/*.toml``)::
     recipe = "phase1.toml"               # the base recipe
     seeds = [1, 2, 3]                    # run.seed of each repeat
     baseline = { "model.delay" = 0 }     # the variant every other is compared with
+    metric = "eval/val_loss"             # optional: what the report compares on (train/report/comparable.py);
+                                         # default eval/val_loss, eval/pref_accuracy for preference runs
     [set]                                # fixed overrides, the --set grammar (dotted or quoted keys)
     training.total_tokens = 2_000_000_000
     [vary]                               # axes: the grid is their product

@@ -83,7 +83,8 @@ def write_record(root: Path, sweep: Sweep, found: list[Variant], runs: list[RunS
     """``sweep.json``: the grid, each run's dir (relative to the sweep dir) and state."""
     record = {
         "name": sweep.name, "file": str(sweep.path.resolve()), "recipe": sweep.recipe, "set": sweep.sets,
-        "vary": sweep.grids, "seeds": sweep.seeds, "baseline": found[0].name, "launcher": launcher,
+        "vary": sweep.grids, "seeds": sweep.seeds, "baseline": found[0].name, "metric": sweep.metric,
+        "launcher": launcher,
         "variants": [{"name": v.name, "values": v.values, "set": v.declared} for v in found],
         "runs": [{"variant": r.variant.name, "seed": r.seed, "run_dir": r.dir.name, "state": states[r.dir]}
                  for r in runs],

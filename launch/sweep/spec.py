@@ -13,9 +13,10 @@ from typing import Any
 
 from rundir import parse_set
 from train import recipe as R
+from train.report.comparable import METRICS
 
 RESERVED = ("run.output_dir", "run.seed", "run.name")  # the sweep sets these for every run
-KEYS = {"name", "recipe", "seeds", "baseline", "set", "vary"}
+KEYS = {"name", "recipe", "seeds", "baseline", "set", "vary", "metric"}
 
 
 class SweepError(ValueError):
@@ -31,6 +32,7 @@ class Sweep:
     baseline: dict[str, Any]
     sets: dict[str, Any]  # [set] plus the command line's --set, flattened to dotted keys
     grids: list[dict[str, list]]  # [vary], or each [[vary]]
+    metric: str | None = None  # what train.report compares the runs on; None: its default for the runs' kind
 
     @property
     def axes(self) -> list[str]:
@@ -112,8 +114,11 @@ def read_sweep(path: str | Path, extra_sets: list[str] = ()) -> Sweep:
             raise SweepError(f"{path}: baseline: {key} is not an axis of [vary] ({', '.join(sorted(axes))})")
     if not isinstance(raw["recipe"], str):
         raise SweepError(f"{path}: recipe: expected a recipe file or a name in recipes/, got {raw['recipe']!r}")
+    metric = raw.get("metric")
+    if metric is not None and metric not in METRICS:
+        raise SweepError(f"{path}: metric: {metric!r} is not one a sweep is compared on; one of: {', '.join(METRICS)}")
     recipe = str(R.find(raw["recipe"]).resolve())  # the launchers run in the repo, wherever this ran
-    return Sweep(path, name, recipe, seeds, baseline, sets, grids)
+    return Sweep(path, name, recipe, seeds, baseline, sets, grids, metric)
 
 
 def set_args(values: dict[str, Any]) -> list[str]:

@@ -1,7 +1,8 @@
 """launch.sweep end to end: the tiny sweep (2 variants x 2 seeds, through launch.local) compared by
 ``python -m train.report`` against each run's own metrics.jsonl, a rerun that starts nothing, an
 invalid variant refused with nothing written, the dry run's grid and plan, dtp.toml's variants (union,
-de-duplication, names), and a one-run sweep submitted through launch.slurm on the emulated cluster."""
+de-duplication, names), the metric a sweep file names checked and recorded, and a one-run sweep
+submitted through launch.slurm on the emulated cluster."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import pytest
 
 from launch.attempts import history
 from launch.sweep.__main__ import main as sweep_main
-from launch.sweep.spec import read_sweep, variants
+from launch.sweep.runs import RunSpec, write_record
+from launch.sweep.spec import SweepError, Variant, read_sweep, variants
 from rundir import REPO
 from tests.conftest import env
 from train.report.__main__ import main as report_main
@@ -78,7 +80,7 @@ def test_the_comparison_holds_each_runs_own_metrics(tiny_sweep, report):
     summary = list(csv.DictReader(open(root / "summary.csv")))
     assert [(r["variant"], r["n"], r["verdict"]) for r in summary][0] == ("delay=0", "2", "baseline")
     mean = sum(float(r["val_loss"]) for r in rows if r["variant"] == "delay=2") / 2
-    assert float(summary[1]["val_loss_mean"]) == pytest.approx(mean)
+    assert summary[1]["metric"] == "eval/val_loss" and float(summary[1]["mean"]) == pytest.approx(mean)
     assert "validation loss at 2,048 tokens" in report
     assert summary[1]["verdict"] in report
     assert (root / "report.html").is_file()
@@ -122,6 +124,20 @@ def test_the_dry_run_prints_the_grid_and_each_runs_plan(tmp_path, capsys):
     hours = sum(float(r[-1]) for r in rows.values()) * 2
     assert f"sweep total: 4 runs, {hours:,.1f} GPU-hours" in out
     assert not root.exists()
+
+
+def test_the_metric_a_sweep_names_is_checked_and_recorded_for_the_report(tmp_path):
+    sweep = read_sweep(REPO / "recipes" / "sweeps" / "tiny-dpo.toml")
+    assert sweep.metric == "eval/pref_accuracy"
+    v, run = Variant({"preference.loss": "dpo"}, name="loss=dpo"), tmp_path / "loss=dpo-seed1"
+    write_record(tmp_path, sweep, [v], [RunSpec(v, 1, run)], {run: "left"}, "local")
+    assert json.loads((tmp_path / "sweep.json").read_text())["metric"] == "eval/pref_accuracy"
+    assert read_sweep(TINY_SWEEP).metric is None  # the report's default: validation loss
+    bad = tmp_path / "bad.toml"
+    bad.write_text(TINY_SWEEP.read_text().replace("seeds = [1, 2]", 'seeds = [1, 2]\nmetric = "eval/pref_acc"'))
+    with pytest.raises(SweepError, match=f"{bad}: metric: 'eval/pref_acc' is not one a sweep is compared on; one "
+                                         "of: eval/val_loss, eval/val_bpb, eval/pref_accuracy"):
+        read_sweep(bad)
 
 
 def test_dtp_toml_makes_the_union_of_its_grids_once_each_named_against_the_baseline(tmp_path):

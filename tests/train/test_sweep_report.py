@@ -1,7 +1,8 @@
 """The sweep comparison and the scaling fit on run dirs written by hand (no training): the token count
 compared and each run's value there against numbers worked out by hand (runs of different batch,
-length and seed count, one seed, no validation), the verdicts against Welch's statistics by hand, and
-the fit against the law that made the losses (its error bars against a Monte-Carlo of that law)."""
+length and seed count, one seed, no validation), the verdicts against Welch's statistics by hand, the
+fit against the law that made the losses (its error bars against a Monte-Carlo of that law), and a
+preference sweep (tiny-dpo.toml's variants) compared on held-out accuracy, never on its losses."""
 
 from __future__ import annotations
 
@@ -13,15 +14,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from launch.sweep.runs import runs_of, write_record
+from launch.sweep.spec import read_sweep, variants
 from models.laneformer import laneformer_configs, native_fields
-from rundir import COMPARISON_FILE, METRICS_FILE, MODEL_CONFIG_FILE, RECIPE_FILE, SUMMARY_FILE, SWEEP_FILE
+from rundir import COMPARISON_FILE, METRICS_FILE, MODEL_CONFIG_FILE, RECIPE_FILE, REPO, SUMMARY_FILE, SWEEP_FILE
+from train import recipe as R
+from train.preference.loss import NEEDS_REFERENCE
+from train.preference.metrics import EVAL_ACCURACY, EVAL_LOSS
 from train.report.__main__ import main as report_main
+from train.report.comparable import TRAIN
 from train.report.runs import ReportError, read_run
 from train.report.scaling import fit_power_law, flops_per_token, recipe_flops
+from train.report.comparable import METRICS
 from train.report.sweep import SweepRun, compared_tokens, summarize, write_sweep_report
 
 SEQ, BATCH, STEPS = 64, 8, 10
 TINY = laneformer_configs["tiny"]()
+VAL = METRICS["eval/val_loss"]
 
 
 def val_at(val: float, step: int) -> float:
@@ -61,6 +70,46 @@ def fake_sweep(root: Path, runs: dict[tuple[str, int], tuple | dict], baseline: 
     return root
 
 
+TINY_DPO = REPO / "recipes" / "sweeps" / "tiny-dpo.toml"
+# Held-out accuracy at step 10 per tiny-dpo variant: beta 5 helps dpo and dpo_norm and hurts simpo.
+ACCURACY = {"loss=dpo,beta=0.1": 0.80, "beta=5.0": 0.85, "loss=dpo_norm": 0.70, "loss=dpo_norm,beta=5.0": 0.90,
+            "loss=simpo": 0.75, "loss=simpo,beta=5.0": 0.60}
+
+
+def pref_train_loss(loss: str, beta: float, step: int) -> float:
+    """A fake preference run's training loss: each loss type and beta on a scale of its own (ln 2 at step
+    0, falling faster with beta; dpo_norm's and simpo's mean log-probs ~20 times flatter than dpo's sums)."""
+    return math.log(2) * math.exp(-beta * step / (10 if loss == "dpo" else 200))
+
+
+def write_pref_metrics(folder: Path, loss: str, beta: float, final: float | None) -> None:
+    """metrics.jsonl of a fake preference run: the training loss every step and the held-out pairs'
+    metrics at steps 0, 5 and 10: accuracy 0.5 (ties), halfway, then ``final``; none when ``final`` is
+    None (as simpo logged none before it evaluated its held-out pairs)."""
+    rows = [{"step": s, TRAIN: pref_train_loss(loss, beta, s)} for s in range(1, STEPS + 1)]
+    if final is not None:
+        rows += [{"step": s, EVAL_ACCURACY: acc, EVAL_LOSS: math.log(2) * (1.5 - acc)}
+                 for s, acc in ((0, 0.5), (5, (0.5 + final) / 2), (STEPS, final))]
+    (folder / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def fake_preference_sweep(root: Path, accuracy: dict[str, float], sweep_file: Path = TINY_DPO) -> Path:
+    """A preference sweep's dir (tiny-dpo.toml's by default) as launch.sweep and its runs leave it, without
+    training: the variants resolved and sweep.json written by launch.sweep's own code, each run's
+    recipe.toml its variant's resolved recipe, and its metrics (write_pref_metrics) reaching held-out
+    accuracy ``accuracy[variant]`` + 0.01 x (seed - 1); a variant not in ``accuracy`` logs none."""
+    sweep = read_sweep(sweep_file)
+    found, _ = variants(sweep, 1, root)  # runs/tiny-sft is not here: every variant loads, none passes preflight
+    runs = runs_of(found, sweep, root)
+    write_record(root, sweep, found, runs, {r.dir: "done" for r in runs}, "local")
+    for r in runs:
+        pref, final = r.variant.recipe.preference, accuracy.get(r.variant.name)
+        r.dir.mkdir()
+        (r.dir / RECIPE_FILE).write_text(R.to_toml(r.variant.recipe))
+        write_pref_metrics(r.dir, pref.loss, pref.beta, None if final is None else final + 0.01 * (r.seed - 1))
+    return root
+
+
 def report(root: Path, capsys) -> tuple[str, dict[str, dict], dict[str, dict]]:
     """(what it printed, summary.csv by variant, comparison.csv by run dir name)."""
     assert report_main([str(root)]) == 0
@@ -86,7 +135,7 @@ def test_verdicts_follow_the_two_sample_statistics(tmp_path, capsys):
     # By hand: base std sqrt(0.02); close: delta 0.5, se = sqrt(0.02/2 + 0.02/2), 2 dof (equal spreads),
     # t = 3.54 < 4.303 (Student's 97.5% at 2 dof): noise. far: delta 0.95, se^2 = 0.02/2 + 0.005/2, t = 8.50.
     assert summary["base"]["verdict"] == "baseline"
-    assert float(summary["base"]["val_loss_std"]) == pytest.approx(math.sqrt(0.02))
+    assert float(summary["base"]["std"]) == pytest.approx(math.sqrt(0.02))
     assert float(summary["close"]["sigmas"]) == pytest.approx(0.5 / math.sqrt(0.02))
     assert float(summary["close"]["dof"]) == pytest.approx(2.0)
     assert summary["close"]["verdict"] == "within seed noise"
@@ -125,21 +174,21 @@ def test_unequal_seed_counts_get_welchs_test_not_a_pooled_one(tmp_path, capsys):
 def test_one_seed_gives_a_delta_without_a_verdict(tmp_path, capsys):
     runs = {("base", 1): (TINY, 3.0), ("base", 2): (TINY, 3.2), ("single", 1): (TINY, 3.5)}
     _, summary, _ = report(fake_sweep(tmp_path / "a", runs, "base"), capsys)
-    assert summary["single"]["n"] == "1" and summary["single"]["val_loss_std"] == ""
+    assert summary["single"]["n"] == "1" and summary["single"]["std"] == ""
     assert float(summary["single"]["delta_vs_baseline"]) == pytest.approx(0.4)
     assert summary["single"]["sigmas"] == summary["single"]["dof"] == ""
     assert summary["single"]["verdict"] == "worse by 0.400; no seed-noise estimate (single: one seed; run more seeds)"
     runs = {("base", 1): (TINY, 3.0), ("other", 1): (TINY, 2.9)}
     _, summary, _ = report(fake_sweep(tmp_path / "b", runs, "base"), capsys)
-    assert summary["base"]["verdict"] == "baseline" and summary["base"]["val_loss_std"] == ""
+    assert summary["base"]["verdict"] == "baseline" and summary["base"]["std"] == ""
     assert summary["other"]["verdict"] == ("better by 0.100; no seed-noise estimate (other and the baseline: "
                                            "one seed; run more seeds)")
 
 
 def test_seeds_without_any_spread_give_no_t():
     """Welch's t divides by the seeds' spread: none at all (identical losses) is said, not divided by."""
-    assert summarize("v", [3.1, 3.1], [3.0, 3.0], False)["verdict"] == "worse by 0.100 (no seed spread)"
-    assert summarize("v", [3.0, 3.0], [3.0, 3.0], False)["verdict"] == "within seed noise"
+    assert summarize("v", [3.1, 3.1], [3.0, 3.0], False, VAL)["verdict"] == "worse by 0.100 (no seed spread)"
+    assert summarize("v", [3.0, 3.0], [3.0, 3.0], False, VAL)["verdict"] == "within seed noise"
 
 
 def test_variants_of_different_batch_are_read_at_the_same_tokens(tmp_path, capsys):
@@ -185,12 +234,13 @@ def test_without_validation_in_every_run_training_loss_is_compared(tmp_path, cap
             ("other", 1): {"val": 3.1, "steps": 8}, ("other", 2): {"val": 3.3}}
     printed, summary, rows = report(fake_sweep(tmp_path / "s", runs, "base"), capsys)
     assert "training loss at 4,096 tokens" in printed
-    assert "compared on training loss (val_loss_* columns hold it): no eval/val_loss in base-seed2" in printed
+    assert "compared on training loss, not validation loss: no eval/val_loss in base-seed2" in printed
     assert {r["at"] for r in rows.values()} == {"step 8"}
     trains = {"base-seed1": 3.1, "base-seed2": 3.3, "other-seed1": 3.2, "other-seed2": 3.4}  # val + 0.1
     assert {n: float(r["train_loss"]) for n, r in rows.items()} == pytest.approx({n: t + 1 / 8
                                                                                   for n, t in trains.items()})
-    assert float(summary["base"]["val_loss_mean"]) == pytest.approx(3.2 + 1 / 8)  # the training loss's mean
+    assert summary["base"]["metric"] == "loss_metrics/global_avg_loss"
+    assert float(summary["base"]["mean"]) == pytest.approx(3.2 + 1 / 8)  # the training loss's mean
     assert float(summary["other"]["delta_vs_baseline"]) == pytest.approx(0.1)
     # The validated runs still show their validation at 4,096 tokens (between steps 5 and 10) where they have it.
     assert float(rows["base-seed1"]["val_loss"]) == pytest.approx(val_at(3.0, 8))
@@ -202,13 +252,15 @@ def test_validation_ranges_that_do_not_overlap_fall_back_to_training_loss(tmp_pa
     fake_run(root / "a", TINY, 3.0, 3.1, evals=(2,))  # validated at 1,024 tokens only
     fake_run(root / "b", TINY, 3.0, 3.1, evals=(5, 10))  # from 2,560 tokens on
     runs = [SweepRun("a", 1, read_run(root / "a")), SweepRun("b", 1, read_run(root / "b"))]
-    tokens, metric, why = compared_tokens(runs)
-    assert (tokens, metric) == (5120, "loss_metrics/global_avg_loss")
-    assert why == ["the runs' eval/val_loss token ranges do not overlap: a 1,024-1,024, b 2,560-5,120"]
-    (root / "a" / METRICS_FILE).write_text("")
+    tokens, metric, compared, notes = compared_tokens(runs, VAL)
+    assert (tokens, metric.key, compared) == (5120, "loss_metrics/global_avg_loss", runs)
+    assert notes == ["compared on training loss, not validation loss: the runs' eval/val_loss token ranges do not "
+                     "overlap: a 1,024-1,024, b 2,560-5,120"]
+    (root / "a" / METRICS_FILE).write_text("")  # neither metric: a is left out, b compared on its own
     runs[0] = SweepRun("a", 1, read_run(root / "a"))
-    with pytest.raises(ReportError, match="no token count at which every run logged a training loss"):
-        compared_tokens(runs)
+    assert compared_tokens(runs, VAL) == (5120, VAL, runs[1:], [
+        "left out of the comparison: no eval/val_loss in a; training loss could not stand in: no "
+        "loss_metrics/global_avg_loss in a"])
 
 
 def test_the_fit_recovers_the_law_that_made_the_losses():
@@ -257,3 +309,94 @@ def test_a_sweep_over_sizes_prints_the_fit_and_the_2b_prediction(tmp_path, capsy
     target = recipe_flops("phase1.toml")
     assert f"{target:.3g} FLOPs" in predicted
     assert f"{a * target ** -b + c:.4f} +-" in predicted
+
+
+def test_a_preference_sweep_is_compared_on_held_out_accuracy_never_on_its_losses(tmp_path, capsys):
+    """tiny-dpo's 6 variants (loss type x beta): on held-out accuracy, higher better; the training losses
+    (beta 5's far below beta 0.1's whatever the accuracy) and eval/pref_loss are on each objective's own
+    scale, so they are not compared, and the report says why."""
+    printed, summary, rows = report(fake_preference_sweep(tmp_path / "tiny-dpo", ACCURACY), capsys)
+    tokens = STEPS * 16 * 128  # tiny-dpo's 8 pairs a step (16 sequences) of 128 tokens
+    assert f"held-out preference accuracy at {tokens:,} tokens (eval/pref_accuracy, higher is better;" in printed
+    assert ("the runs' losses are not on one scale (preference.loss dpo, dpo_norm, simpo; preference.beta 0.1, 5; "
+            "preference.gamma 0.03, 1.5): never compared on held-out preference loss (eval/pref_loss) or training "
+            "loss (loss_metrics/global_avg_loss)") in printed
+    assert {r["metric"] for r in summary.values()} == {EVAL_ACCURACY}
+    base = ACCURACY["loss=dpo,beta=0.1"]
+    for variant, acc in ACCURACY.items():
+        assert float(summary[variant]["mean"]) == pytest.approx(acc)
+        assert float(summary[variant]["delta_vs_baseline"]) == pytest.approx(acc - base)
+        assert float(rows[f"{variant}-seed1"]["pref_accuracy"]) == pytest.approx(acc)
+        assert rows[f"{variant}-seed1"]["at"] == f"step {STEPS}"
+    # simpo at beta 5 has the lowest training loss of all and the worst accuracy: worse, not better.
+    assert summary["loss=simpo,beta=5.0"]["verdict"].startswith("worse by 0.200; no seed-noise estimate")
+    assert summary["loss=dpo_norm,beta=5.0"]["verdict"].startswith("better by 0.100; no seed-noise estimate")
+    assert (tmp_path / "tiny-dpo" / "compared.png").is_file()
+
+
+def test_a_preference_run_without_held_out_metrics_is_left_out_by_name(tmp_path, capsys):
+    """simpo's runs logged no held-out pairs: training loss cannot stand in across loss types, so the
+    others are compared on accuracy and the simpo runs are named as left out."""
+    logged = {v: a for v, a in ACCURACY.items() if "simpo" not in v}
+    printed, summary, rows = report(fake_preference_sweep(tmp_path / "tiny-dpo", logged), capsys)
+    assert "held-out preference accuracy at 20,480 tokens" in printed
+    assert ("left out of the comparison: no eval/pref_accuracy in loss=simpo-seed1, loss=simpo,beta=5.0-seed1"
+            in printed)
+    for variant in ("loss=simpo", "loss=simpo,beta=5.0"):
+        assert summary[variant]["verdict"] == "not compared: no eval/pref_accuracy logged (left out)"
+        assert summary[variant]["n"] == "0" and summary[variant]["mean"] == ""
+        assert rows[f"{variant}-seed1"]["pref_accuracy"] == "" and rows[f"{variant}-seed1"]["train_loss"] != ""
+    assert float(summary["beta=5.0"]["delta_vs_baseline"]) == pytest.approx(0.05)
+
+
+def test_preference_losses_are_compared_only_on_one_scale(tmp_path):
+    """eval/pref_loss across two betas is refused, naming them; across two seeds of one setting it is
+    compared; without held-out metrics in one of those runs, their training loss stands in."""
+    def run(name: str, beta: float, evals: bool = True) -> SweepRun:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / RECIPE_FILE).write_text(f"[training]\nglobal_batch = 16\nseq_len = 128\nsteps = {STEPS}\n"
+                                          f'[data]\nsources = []\n[preference]\nloss = "dpo"\nbeta = {beta}\n')
+        write_pref_metrics(folder, "dpo", beta, 0.9 if evals else None)
+        return SweepRun(name, 1, read_run(folder))
+
+    pref_loss = METRICS[EVAL_LOSS]
+    with pytest.raises(ReportError, match=r"not on one scale \(preference.beta 0.1, 5\): never compared on held-out "
+                                          r"preference loss \(eval/pref_loss\) or training loss"):
+        compared_tokens([run("a", 0.1), run("b", 5.0)], pref_loss)
+    same = [run("c", 0.1), run("d", 0.1)]
+    assert compared_tokens(same, pref_loss) == (STEPS * 2048, pref_loss, same, [])
+    same.append(run("e", 0.1, evals=False))
+    tokens, metric, compared, notes = compared_tokens(same, pref_loss)
+    assert (tokens, metric.key, compared) == (STEPS * 2048, TRAIN, same)
+    assert notes == ["compared on training loss, not held-out preference loss: no eval/pref_loss in e"]
+
+
+def test_the_metric_the_sweep_names_is_the_one_compared(tmp_path, capsys):
+    """sweep.json's metric (the sweep file's): bits per byte here, where validation loss is the default."""
+    root = fake_sweep(tmp_path / "s", {("base", 1): (TINY, 3.0), ("other", 1): (TINY, 3.1)}, "base")
+    record = json.loads((root / SWEEP_FILE).read_text())
+    (root / SWEEP_FILE).write_text(json.dumps({**record, "metric": "eval/val_bpb"}))
+    printed, summary, _ = report(root, capsys)
+    assert f"validation bits per byte at {STEPS * BATCH * SEQ:,} tokens (eval/val_bpb, lower is better;" in printed
+    assert float(summary["other"]["delta_vs_baseline"]) == pytest.approx(0.1 / math.log(2))
+    (root / SWEEP_FILE).write_text(json.dumps({**record, "metric": "eval/accuracy"}))
+    assert report_main([str(root)]) == 2
+    assert "metric 'eval/accuracy': not one a sweep is compared on" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("loss", list(NEEDS_REFERENCE))
+def test_sweep_report_compares_each_loss_type_on_held_out_accuracy(tmp_path, capsys, loss):
+    """Issue 43's table of what a recipe combines with each loss type, the sweep report's row: a sweep of
+    one loss type over beta, 2 seeds, is compared on held-out accuracy (never on the losses, which beta
+    scales) with Welch's verdict."""
+    file = tmp_path / f"{loss}.toml"
+    file.write_text(f'recipe = "tiny-dpo.toml"\nseeds = [1, 2]\nbaseline = {{ "preference.beta" = 0.1 }}\n'
+                    f'[set]\npreference.loss = "{loss}"\n[vary]\npreference.beta = [0.1, 5.0]\n')
+    root = fake_preference_sweep(tmp_path / loss, {"beta=0.1": 0.7, "beta=5.0": 0.9}, file)
+    printed, summary, _ = report(root, capsys)
+    assert "held-out preference accuracy at 20,480 tokens (eval/pref_accuracy, higher is better;" in printed
+    assert "the runs' losses are not on one scale (preference.beta 0.1, 5" in printed
+    t, _ = welch([0.9, 0.91], [0.7, 0.71])
+    assert summary["beta=5.0"]["metric"] == EVAL_ACCURACY
+    assert summary["beta=5.0"]["verdict"] == f"better by 0.200 ({t:.1f} sigma)"
