@@ -22,7 +22,8 @@ a SLURM batch script can use it::
     <run>/plan.json                   the memory plan the report draws (train.report --plan-gpu)
     <run>/hf/                         the end-of-run Hugging Face export (default)
     <run>/tensorboard/, compile_cache/
-    <run>/reference_logps/            a preference run's reference log-probs, one file per key
+    <run>/reference_logps/            a preference run's reference log-probs, <role>-<key>.npy, and
+                                      inputs.json (the init checkpoint and what each key holds)
     <sweep>/sweep.json                a sweep dir (launch.sweep): its record, a dir per run, logs/,
     <sweep>/comparison.csv ...        and train.report's comparison.csv, summary.csv, report.html
 
@@ -57,7 +58,11 @@ LAUNCHES_DIR = "launches"
 EXPORT_DIR = "hf"  # the end-of-run Hugging Face export, unless [checkpoint] export_dir says otherwise
 TENSORBOARD_DIR = "tensorboard"
 COMPILE_CACHE_DIR = "compile_cache"  # [run] compile_cache's default
-REFERENCE_LOGPS_DIR = "reference_logps"  # a preference run's reference log-probs, <role>-<key>.npy (train.preference.reference)
+REFERENCE_LOGPS_DIR = "reference_logps"  # a preference run's reference log-probs (train.preference.reference)
+# under reference_logps/: one role's (train, heldout) log-probs (str.format(role=R, key=K)), and what the
+# keys hold, recorded at step 0 (the init checkpoint's step and digest: a resumed run keys by these)
+REFERENCE_LOGPS_FILE = "{role}-{key}.npy"
+REFERENCE_INPUTS_FILE = "inputs.json"
 ALERTS_FILE = "alerts.jsonl"
 ROLLBACKS_FILE = "rollbacks.jsonl"
 STALLS_DIR = "stalls"

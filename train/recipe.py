@@ -576,12 +576,31 @@ def resolve(recipe: Recipe) -> None:
         fail("training", "spike_rollbacks: not available in a preference run (the spike guard's skips are)")
     if pref.loss and t.micro_batch % 2:
         fail("training", f"micro_batch: {t.micro_batch} is odd; a preference run's micro batch holds whole pairs")
+    if pref.loss:
+        pair_weights(recipe)
     par = recipe.parallel
     for key in ("shard", "replicate"):
         if getattr(par, key) == 0 or getattr(par, key) < -1:
             fail("parallel", f"{key}: must be >= 1, or -1 for the ranks the other leaves (got {getattr(par, key)})")
     if par.shard == par.replicate == -1:
         fail("parallel", "shard, replicate: at most one of them may be -1")
+
+
+def pair_weights(recipe: Recipe) -> None:
+    """A preference run draws its pairs uniformly from all its pair sources together (train.preference.pairs),
+    each source in proportion to its pairs: a token budget or unequal weights would be ignored, so they
+    are refused, naming the source."""
+    pairs = [(i, s) for i, s in enumerate(recipe.data.sources) if s.pairs]
+    for i, s in pairs:
+        where = f"{recipe.path.of('data', f'sources[{i}]')}: [data.sources[{i}]]"
+        if s.tokens is not None:
+            raise RecipeError(f"{where} tokens: source {s.name!r} is a pair source, drawn uniformly with the run's "
+                              "other pairs: a token budget would be ignored. Give it weight = 1.0 instead")
+        if s.weight != pairs[0][1].weight:
+            raise RecipeError(f"{where} weight: {s.weight} for source {s.name!r}, {pairs[0][1].weight} for "
+                              f"{pairs[0][1].name!r}: a preference run draws its pairs uniformly from all its pair "
+                              "sources together (each in proportion to its pairs), so unequal weights would be "
+                              "ignored. Give every pair source the same weight")
 
 
 def validation_sets(recipe: Recipe) -> dict[str, str]:

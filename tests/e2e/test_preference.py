@@ -1,8 +1,20 @@
-"""A preference run end to end on CPU (train.preference): step 1's loss is ln 2 with zero rewards (the
-policy is the reference); the cached reference log-probs equal a fresh forward of the init checkpoint on
-every pair; kill -9 and resume replays the same steps to the last digit and reuses the cache, saying so;
-a changed beta reuses it, a changed loss type computes another; 4 gloo ranks in HSDP (2 x 2) train as
-one process does, their merged reference pass included."""
+"""Preference runs end to end on CPU (train.preference).
+
+On 1 rank (``dpo``): step 1's loss is ln 2 with zero rewards (the policy is the reference); the cached
+reference log-probs equal a fresh forward of the init checkpoint on every pair; the held-out pairs
+score ln 2 at step 0 and are learned by the end (accuracy over 0.5, loss under ln 2: scored against
+the trained policy instead of the cached reference, trl#1148, they would stay at ln 2); kill -9 and
+resume replays the same steps to the last digit and reuses the cache, saying so, even with
+``init_from`` now naming other contents (a resumed run keys by the init it recorded at step 0); a
+changed beta reuses it.
+
+For every loss type (issue 43's table of what a recipe combines with a loss type: its rows held-out
+evaluation, resume on another world size, and weights, whose refusals are tests/train/test_preference.py's):
+a run on several ranks (``dpo``: 4 in HSDP 2 x 2) over two pair sources of equal weight logs the held-out
+metrics at step 0, at the eval's steps and at the end, learns them, has a global step-1 loss (ln 2
+where there is a reference: a loss normalised per rank would be the ranks' count times it), and
+resumes on 1 rank at the next pair with the numbers the ranks had.
+"""
 
 from __future__ import annotations
 
@@ -23,12 +35,15 @@ from rundir import REPO
 from tests.conftest import env, kill_tree, tiny_random_model, train, train_command
 from tests.train.pair_sources import write_pair_source
 from train.preference import reference
+from train.preference.loss import AVERAGED, LOSSES, NEEDS_REFERENCE, preference_loss
 from train.preference.metrics import EVAL_ACCURACY, EVAL_LOSS, STEP_METRICS
 from train.preference.pairs import PairSet
 
 pytestmark = pytest.mark.slow
 
 STEPS = 6
+LN2 = math.log(2)
+GLOBAL_LOSS = "loss_metrics/global_avg_loss"  # torchtitan's logged loss: the sum over ranks of what each returns
 REUSED, COMPUTED = "pairs: reusing", "pairs: computing"  # what the trainer logs of each cache
 
 
@@ -38,16 +53,20 @@ def inputs(tmp_path_factory):
     model = tiny_random_model(seed=4)
     export_hf(model.state_dict(), model.config, root / "base", tokenizer_dir=TINY_TOKENIZER.parent)
     return {"model": model, "base": root / "base", "train": write_pair_source(root / "train", 16, seed=0),
+            "more": write_pair_source(root / "more", 8, seed=2, shards=1),
             "heldout": write_pair_source(root / "heldout", 6, seed=1, shards=1)}
 
 
-def sets(inputs, run, *extra):
-    # 4 pairs a step: 1 pair a micro batch, on 1 rank 4 accumulated, on 4 ranks one each
-    return (f"run.output_dir={run}", f'data.sources=[{{name = "pairs", path = "{inputs["train"]}", pairs = true, '
-            'weight = 1.0, max_epochs = 100}]', f'preference.heldout=["{inputs["heldout"]}"]', f"checkpoint.init_from={inputs['base']}",
-            f"training.steps={STEPS}", "training.seq_len=64", "training.global_batch=8", "training.micro_batch=2",
-            "schedule.warmup_steps=1", "schedule.decay_fraction=0.5", "logging.interval=1", "checkpoint.interval=3",
-            "checkpoint.keep_last=10", "eval.every=3", "run.deterministic=true", "logging.tensorboard=false", *extra)
+def sets(inputs, run, *extra, sources=("train",)):
+    # 4 pairs a step: 1 pair a micro batch, on 1 rank 4 accumulated, on 4 ranks one each; the held-out
+    # pairs are learned within the 6 steps at twice tiny-dpo's lr
+    pairs = ", ".join(f'{{name = "{s}", path = "{inputs[s]}", pairs = true, weight = 1.0, max_epochs = 100}}'
+                      for s in sources)
+    return (f"run.output_dir={run}", f"data.sources=[{pairs}]", f'preference.heldout=["{inputs["heldout"]}"]',
+            f"checkpoint.init_from={inputs['base']}", f"training.steps={STEPS}", "training.seq_len=64",
+            "training.global_batch=8", "training.micro_batch=2", "optimizer.lr=1e-3", "schedule.warmup_steps=1",
+            "schedule.decay_fraction=0.5", "logging.interval=1", "checkpoint.interval=3", "checkpoint.keep_last=10",
+            "eval.every=3", "run.deterministic=true", "logging.tensorboard=false", *extra)
 
 
 def rows(run) -> list[dict]:
@@ -55,19 +74,32 @@ def rows(run) -> list[dict]:
 
 
 def pref(run) -> dict[int, dict]:
-    """step -> the last logged preference metrics of the step."""
+    """step -> the last logged preference metrics of the step (torchtitan's loss with them)."""
     out = {}
     for r in rows(run):
         if any(k in r for k in (*STEP_METRICS, EVAL_LOSS)):
             out.setdefault(r["step"], {}).update({k: v for k, v in r.items() if k != "step"})
+        elif GLOBAL_LOSS in r:
+            out.setdefault(r["step"], {})[GLOBAL_LOSS] = r[GLOBAL_LOSS]
     return out
 
 
 def caches(run) -> dict[str, np.ndarray]:
-    return {p.name.split("-")[0]: np.load(p) for p in (run / rundir.REFERENCE_LOGPS_DIR).glob("*.npy")}
+    return {role: np.load(p) for role in ("train", "heldout")
+            for p in (run / rundir.REFERENCE_LOGPS_DIR).glob(rundir.REFERENCE_LOGPS_FILE.format(role=role, key="*"))}
 
 
-def test_one_rank_ln2_cache_kill_and_resume_beta_and_loss_type(inputs, tmp_path):
+def evaluated(got: dict[int, dict]) -> list[int]:
+    """The steps with held-out metrics: 0 (the baseline), the eval's and the last."""
+    return [s for s in sorted(got) if EVAL_LOSS in got[s] and EVAL_ACCURACY in got[s]]
+
+
+def learned(got: dict[int, dict], baseline: float) -> None:
+    """The held-out pairs are learned by the end: most won, the loss under its baseline and ln 2."""
+    assert got[STEPS][EVAL_ACCURACY] > 0.5 and got[STEPS][EVAL_LOSS] < min(baseline, LN2), got[STEPS]
+
+
+def test_one_rank_ln2_held_out_cache_kill_and_resume_beta(inputs, tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen(train_command("tiny-dpo.toml", *sets(inputs, run), nproc=1), cwd=REPO, env=env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -83,11 +115,12 @@ def test_one_rank_ln2_cache_kill_and_resume_beta_and_loss_type(inputs, tmp_path)
 
     # Step 1: the policy is the reference, so the loss is ln 2 and every reward 0 (fp32 on CPU).
     first = before[1]
-    assert abs(first["pref/loss"] - math.log(2)) < 1e-6
+    assert abs(first["pref/loss"] - LN2) < 1e-6 and first[GLOBAL_LOSS] == first["pref/loss"]
     assert first["pref/rewards_chosen"] == first["pref/rewards_rejected"] == first["pref/rewards_margin"] == 0.0
     assert first["pref/logps_chosen"] < 0 and first["pref/logps_rejected"] < 0
-    loss_line = next(r for r in rows(run) if r["step"] == 1 and "loss_metrics/global_avg_loss" in r)
-    assert loss_line["loss_metrics/global_avg_loss"] == first["pref/loss"]  # torchtitan's loss is the pair loss
+    # Step 0, the held-out baseline: the same (no pair won: ties).
+    assert evaluated(before) == [0, 3]
+    assert abs(before[0][EVAL_LOSS] - LN2) < 1e-6 and before[0][EVAL_ACCURACY] == 0.0
 
     # The cache equals a fresh forward of the init checkpoint on every pair (train and held-out).
     cached = caches(run)
@@ -95,8 +128,11 @@ def test_one_rank_ln2_cache_kill_and_resume_beta_and_loss_type(inputs, tmp_path)
         fresh = reference.pair_logps(inputs["model"], PairSet([path], 64), 1, False, torch.device("cpu"))
         np.testing.assert_allclose(cached[role], fresh, rtol=1e-5)
 
-    # kill -9 after step 5, resume from step 3: steps 4 and 5 again, to the last digit; the cache reused.
-    result = train("tiny-dpo.toml", *sets(inputs, run))
+    # kill -9 after step 5, resume from step 3 with init_from naming other contents (an SFT run dir that
+    # gained a step): steps 4 and 5 again, to the last digit; the cache reused, keyed by the recorded init.
+    newer = shutil.copytree(inputs["base"], tmp_path / "newer")
+    (newer / "trained-on.txt").write_text("a step more")
+    result = train("tiny-dpo.toml", *sets(inputs, run, f"checkpoint.init_from={newer}"))
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout + result.stderr
     assert "Training starts at step 4" in out
@@ -105,33 +141,52 @@ def test_one_rank_ln2_cache_kill_and_resume_beta_and_loss_type(inputs, tmp_path)
     for step in (4, 5):
         assert {k: v for k, v in after[step].items() if k in STEP_METRICS} == \
                {k: v for k, v in before[step].items() if k in STEP_METRICS}, step
-    assert after[STEPS][EVAL_ACCURACY] >= 0 and after[3][EVAL_LOSS] > 0
+    assert evaluated(after) == [0, 3, STEPS]
+    learned(after, LN2)
 
     # beta is not in the cache's key: a longer run with another beta reuses the files.
     result = train("tiny-dpo.toml", *sets(inputs, run, f"training.steps={STEPS + 1}", "preference.beta=0.5"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert (result.stdout + result.stderr).count(REUSED) == 2 and len(caches(run)) == 2
 
-    # Another loss type (mean log-probs): another key, computed before step 1 of a run with the files beside it.
-    other = tmp_path / "other"
-    shutil.copytree(run / rundir.REFERENCE_LOGPS_DIR, other / rundir.REFERENCE_LOGPS_DIR)
-    result = train("tiny-dpo.toml", *sets(inputs, other, 'preference.loss="dpo_norm"', "training.steps=1",
-                                          "eval.at_end=false"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert (result.stdout + result.stderr).count(COMPUTED) == 2  # train and held-out
-    assert len(list((other / rundir.REFERENCE_LOGPS_DIR).glob("train-*.npy"))) == 2
-    assert abs(pref(other)[1]["pref/loss"] - math.log(2)) < 1e-6
 
-    # 4 gloo ranks, HSDP 2 replicas x 2 shards: the same pairs each step, merged reference pass included.
-    four = tmp_path / "four"
-    result = train("tiny-dpo.toml", *sets(inputs, four, "parallel.replicate=2", "parallel.shard=2"), nproc=4)
+@pytest.mark.parametrize("loss", LOSSES)
+def test_every_loss_type_evaluates_held_out_pairs_and_resumes_on_another_world_size(inputs, tmp_path, loss):
+    ranks, layout = (4, ("parallel.replicate=2", "parallel.shard=2")) if loss == "dpo" else (2, ())
+    beta = 2.0 if loss == "simpo" else 0.1  # SimPO's scale (its paper tunes beta in 2-10); gamma 0.3 x beta
+    run = tmp_path / "run"
+    given = (f'preference.loss="{loss}"', f"preference.beta={beta}")
+    result = train("tiny-dpo.toml", *sets(inputs, run, *given, *layout, sources=("train", "more")), nproc=ranks)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "dp_replicate=2, dp_shard=2" in result.stdout + result.stderr
-    for role, logps in caches(four).items():
-        np.testing.assert_allclose(logps, cached[role], rtol=1e-5)
-    got = pref(four)
-    assert abs(got[1]["pref/loss"] - math.log(2)) < 1e-6 and got[1]["pref/rewards_margin"] == 0.0
-    for step in range(1, STEPS + 1):
-        for key in (*STEP_METRICS, EVAL_LOSS, EVAL_ACCURACY):
-            if key in after[step]:
-                assert got[step][key] == pytest.approx(after[step][key], rel=1e-4, abs=1e-6), (step, key)
+    ran = pref(run)
+    assert evaluated(ran) == [0, 3, STEPS]
+
+    # Step 1's loss is global: torchtitan sums the ranks' returns, so each is its share of the step's pairs.
+    assert ran[1][GLOBAL_LOSS] == pytest.approx(ran[1]["pref/loss"], rel=1e-6)
+    if NEEDS_REFERENCE[loss]:
+        assert abs(ran[1][GLOBAL_LOSS] - LN2) < 1e-6 and abs(ran[0][EVAL_LOSS] - LN2) < 1e-6
+        assert ran[1]["pref/rewards_margin"] == 0.0 and ran[0][EVAL_ACCURACY] == 0.0
+        # the ranks hashed their shares of the init checkpoint: the digest one process makes
+        record = json.loads(reference.inputs_file(run).read_text())
+        assert record["init"]["digest"] == reference.checkpoint_identity(inputs["base"])["digest"]
+        baseline = LN2
+    else:  # no reference: SimPO's baseline is the init's own held-out margin, less gamma
+        logps = torch.from_numpy(reference.pair_logps(inputs["model"], PairSet([inputs["heldout"]], 64), 1,
+                                                      AVERAGED[loss], torch.device("cpu"))).double()
+        baseline = float(preference_loss(loss, beta, logps[:, 0], logps[:, 1], gamma=0.3 * beta)[0].mean())
+        assert ran[0][EVAL_LOSS] == pytest.approx(baseline, rel=1e-5)
+    learned(ran, baseline)
+
+    # Resume on 1 rank from step 3 (the last checkpoint gone): step 4 reads the next pairs, and the steps
+    # and the final eval come out as the ranks had them.
+    shutil.rmtree(run / rundir.CHECKPOINTS_DIR / f"step-{STEPS}")
+    result = train("tiny-dpo.toml", *sets(inputs, run, *given, sources=("train", "more")))
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    assert "Training starts at step 4" in out and COMPUTED not in out
+    assert out.count(REUSED) == (2 if NEEDS_REFERENCE[loss] else 0)
+    resumed = pref(run)
+    for step in range(4, STEPS + 1):
+        for key in (*STEP_METRICS, GLOBAL_LOSS, EVAL_LOSS, EVAL_ACCURACY):
+            if key in ran[step]:
+                assert resumed[step][key] == pytest.approx(ran[step][key], rel=1e-4, abs=1e-6), (step, key)

@@ -121,7 +121,8 @@ def repo_literals(root: Path, names: dict[str, str]) -> list[str]:
 
 def test_each_name_is_one_constant_of_rundir():
     found = constants()
-    assert {"ATTEMPTS_FILE", "SWEEP_FILE", "REPORT_PAGE", "REPORT_LOG", "HEARTBEAT_DIR", "BEAT_FILE"} <= set(found)
+    assert {"ATTEMPTS_FILE", "SWEEP_FILE", "REPORT_PAGE", "REPORT_LOG", "HEARTBEAT_DIR", "BEAT_FILE",
+            "REFERENCE_LOGPS_DIR", "REFERENCE_LOGPS_FILE", "REFERENCE_INPUTS_FILE"} <= set(found)
     assert len(set(found.values())) == len(found), "two constants spell one name"
 
 
@@ -146,6 +147,7 @@ def f(run, rank, kind):
     d = {"logs": 1}["logs"], kind == "hf", "report" in ("eval", "report")
     e = Path(run, "evals"), dict(save_tb_folder="tensorboard"), "launcher/attempts.jsonl"
     g = rundir.launcher_dir(run) / "stall: see exit.json"
+    h = Path(run) / "reference_logps" / f"{kind}-{rank}.npy", run.glob("*-*.npy"), "inputs.json"
 ''')
     (tmp_path / "tests" / "test_x.py").write_text('A = "attempts.jsonl"\n')
     assert repo_literals(tmp_path, names()) == [
@@ -160,4 +162,8 @@ def f(run, rank, kind):
         "launch/x.py:13: 'launcher/attempts.jsonl' (rundir.ATTEMPTS_FILE)",
         "launch/x.py:13: 'launcher/attempts.jsonl' (rundir.LAUNCHER_DIR)",
         "launch/x.py:13: 'tensorboard' (rundir.TENSORBOARD_DIR)",
+        "launch/x.py:15: '*-*.npy' (rundir.REFERENCE_LOGPS_FILE)",
+        "launch/x.py:15: \"f'{kind}-{rank}.npy'\" (rundir.REFERENCE_LOGPS_FILE)",
+        "launch/x.py:15: 'inputs.json' (rundir.REFERENCE_INPUTS_FILE)",
+        "launch/x.py:15: 'reference_logps' (rundir.REFERENCE_LOGPS_DIR)",
     ]

@@ -4,16 +4,21 @@ its errors (train.preference). The runs themselves: tests/e2e/test_preference.py
 from __future__ import annotations
 
 import math
+import os
+import re
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import rundir
 from data.mixture import IGNORE_INDEX
 from tests.conftest import tiny_random_model
 from tests.train.pair_sources import write_pair_source
 from train.preference import reference
-from train.preference.loss import preference_loss, sequence_logps
+from train.preference.loss import LOSSES, preference_loss, sequence_logps
 from train.preference.pairs import PairError, PairLoader, PairSet
 
 X = IGNORE_INDEX
@@ -133,20 +138,68 @@ def test_a_source_that_is_not_pairs_is_refused_naming_its_file(sources, tmp_path
         PairSet([sources[0]], seq_len=8)
 
 
-def test_reference_key_changes_with_init_and_loss_not_beta_and_a_missing_pair_is_named(sources, tmp_path):
-    init = tmp_path / "init"
-    init.mkdir()
-    (init / "weights").write_bytes(b"1")
-    key = reference.cache_key(str(init), [str(sources[0])], "dpo", 32, "sha")
-    assert key == reference.cache_key(str(init), [str(sources[0])], "dpo", 32, "sha")  # beta is not an input
-    assert key != reference.cache_key(str(init), [str(sources[0])], "dpo_norm", 32, "sha")
-    assert key != reference.cache_key(str(init), [str(sources[0])], "dpo", 64, "sha")
-    (init / "weights").write_bytes(b"22")  # the init checkpoint changed
-    assert key != reference.cache_key(str(init), [str(sources[0])], "dpo", 32, "sha")
+def checkpoint(folder: Path, weights: bytes = b"1") -> Path:
+    """A DCP-shaped step dir: what is in it is what the key reads."""
+    folder.mkdir(parents=True)
+    (folder / ".metadata").write_bytes(b"meta")
+    (folder / "__0_0.distcp").write_bytes(weights)
+    return folder
+
+
+def test_reference_key_changes_with_each_input_and_not_with_beta_paths_or_times(sources, tmp_path):
+    init = reference.checkpoint_identity(checkpoint(tmp_path / "sft" / "checkpoints" / "step-40"))
+    assert init["step"] == 40
+    args = {"init": init, "sources": [str(sources[0])], "loss": "dpo", "seq_len": 32, "template_sha256": "sha",
+            "param_dtype": "float32", "compile": False}
+    key = reference.cache_key(reference.key_inputs(**args))  # beta, label smoothing, gamma: not inputs at all
+    other = {"init": [reference.checkpoint_identity(checkpoint(tmp_path / "a" / "step-41")),  # the step
+                      reference.checkpoint_identity(checkpoint(tmp_path / "b" / "step-40", b"2"))],  # the contents
+             "sources": [[str(sources[1])], [str(sources[0]), str(sources[1])]], "loss": ["dpo_norm"],
+             "seq_len": [64], "template_sha256": ["other"], "param_dtype": ["bfloat16"], "compile": [True]}
+    assert set(other) == set(args)  # every input is changed below
+    for name, values in other.items():
+        for value in values:
+            assert reference.cache_key(reference.key_inputs(**{**args, name: value})) != key, (name, value)
+    # A copy elsewhere, with new times and the replica check's note beside it, is the same checkpoint.
+    copy = shutil.copytree(tmp_path / "sft", tmp_path / "elsewhere" / "sft", copy_function=shutil.copy)
+    step = copy / "checkpoints" / "step-40"
+    (step / rundir.VERIFIED_FILE).write_text("{}")
+    os.utime(step / "__0_0.distcp", (1, 1))
+    moved = reference.checkpoint_identity(step)
+    assert moved["path"] != init["path"] and {**moved, "path": ""} == {**init, "path": ""}
+    assert reference.cache_key(reference.key_inputs(**{**args, "init": moved})) == key
+
+
+def test_a_key_without_its_file_at_a_resumed_step_names_what_changed(sources, tmp_path):
+    init = reference.checkpoint_identity(checkpoint(tmp_path / "step-40"))
+    args = {"init": init, "loss": "dpo", "seq_len": 32, "template_sha256": "sha", "param_dtype": "float32",
+            "compile": False}
+    train, heldout = [str(sources[0])], [str(sources[1])]
+    record = {"init": init, "train": {"sources": train, "inputs": reference.key_inputs(sources=train, **args)}}
+    run = tmp_path / "run"
+    error = str(reference.missing_at_resume(run, "heldout", 7, record, heldout,
+                                            reference.key_inputs(sources=heldout, **args)))
+    assert error.startswith(f"{run / rundir.REFERENCE_LOGPS_DIR}/heldout-")
+    assert "the run is at step 7" in error and str(reference.inputs_file(run)) in error
+    assert f"[preference] heldout: unset at the first launch, {heldout} now" in error
+    bf16 = reference.key_inputs(sources=train, **{**args, "param_dtype": "bfloat16", "compile": True})
+    error = str(reference.missing_at_resume(run, "train", 7, record, train, bf16))
+    assert ("[parallel] param_dtype (on CPU: float32 unless cpu_fp32 = false): 'float32' at the first launch, "
+            "'bfloat16' now; [parallel] compile: False at the first launch, True now") in error
+    error = str(reference.missing_at_resume(run, "train", 7, record, train, record["train"]["inputs"]))
+    assert "Nothing its key holds changed since the first launch" in error and "the file was removed" in error
+    with pytest.raises(reference.ReferenceError, match=f"{reference.inputs_file(run)}: missing, and the run is at "
+                                                       "step 7"):
+        reference.read_inputs(run, 7)
+    reference.write_inputs(run, record)
+    assert reference.read_inputs(run, 7) == record
+
+
+def test_a_pair_without_reference_log_probs_is_named(sources, tmp_path):
     pairs = PairSet([sources[0]], seq_len=32)
     logps = np.zeros((10, 2), np.float32)
     logps[3, 1] = np.nan
-    path = reference.cache_file(tmp_path, "train", key)
+    path = reference.cache_file(tmp_path, "train", "0123456789abcdef")
     reference.save(path, logps)
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temporary file left
     with pytest.raises(reference.ReferenceError, match=r"no reference log-probs for 1 pair\(s\), first pair 3 \("):
@@ -186,3 +239,25 @@ def test_preflight_a_preference_run_reads_pair_sources_only_and_pairs_need_a_pre
     recipe = R.load("tiny-dpo.toml", [f"run.output_dir={tmp_path / 'run'}", few, "preference.heldout=[]"])
     problems = "\n".join(preflight(recipe, 1).problems)  # 60 steps x 8 pairs of 10
     assert "source 'pairs': the run reads 480 pairs, 48.00 epochs of the 10 pairs, over its max_epochs 1" in problems
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_pair_sources_take_equal_weights_and_no_token_budget_whatever_the_loss(loss, sources, tmp_path):
+    """A preference run draws its pairs uniformly from all its pair sources: a weight or budget that
+    would be ignored is refused at recipe load, naming the file and field (issue 43's table, its weights row;
+    two pair sources of equal weight train in tests/e2e/test_preference.py)."""
+    from train import recipe as R
+
+    def two(second: str) -> str:
+        return (f'data.sources=[{{name = "a", path = "{sources[0]}", pairs = true, weight = 2.0, max_epochs = 100}}, '
+                f'{{name = "b", path = "{sources[1]}", pairs = true, {second}, max_epochs = 100}}]')
+
+    base = [f"run.output_dir={tmp_path}", f'preference.loss="{loss}"']
+    assert [s.weight for s in R.load("tiny-dpo.toml", [*base, two("weight = 2.0")]).data.sources] == [2.0, 2.0]
+    given = f"--set {two('weight = 1.0')} (over {R.find('tiny-dpo.toml')})"
+    with pytest.raises(R.RecipeError, match=re.escape(
+            f"{given}: [data.sources[1]] weight: 1.0 for source 'b', 2.0 for 'a': a preference run draws its pairs "
+            "uniformly from all its pair sources together")):
+        R.load("tiny-dpo.toml", [*base, two("weight = 1.0")])
+    with pytest.raises(R.RecipeError, match=re.escape("[data.sources[1]] tokens: source 'b' is a pair source")):
+        R.load("tiny-dpo.toml", [*base, two("tokens = 1000")])

@@ -1,5 +1,7 @@
-"""A preference run's held-out pairs, every ``[eval] every`` steps and at the end: ``eval/pref_loss``
-and ``eval/pref_accuracy`` (the share of pairs whose chosen reward beats the rejected one).
+"""A preference run's held-out pairs, before step 1 (logged as step 0), every ``[eval] every`` steps
+and at the end: ``eval/pref_loss`` and ``eval/pref_accuracy`` (the share of pairs whose chosen reward
+beats the rejected one). Step 0 is the baseline the curves start from: for ``dpo`` and ``dpo_norm``
+the policy is the reference then, so the loss is ln 2 and no pair is won (ties).
 
 The policy's log-probs are taken now; the reference's are those of the init checkpoint, computed
 before step 1 with the training pairs' (train.preference.reference), never the trained policy's
@@ -14,7 +16,6 @@ import traceback
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
@@ -40,11 +41,17 @@ class PrefEval(Callback, Configurable):
     def __init__(self, config: Config, trainer: LaneformerTrainer):
         self.config = config
 
+    def pre_train(self, trainer: LaneformerTrainer) -> None:
+        if trainer.step == 0:  # not a resumed run: it has its baseline
+            self.run(trainer, 0)
+
     def post_step(self, trainer: LaneformerTrainer) -> None:
         c, step = self.config, trainer.step
-        due = (c.every and step % c.every == 0) or (c.at_end and step == trainer.config.training.steps)
-        if not due or trainer.heldout_pairs is None:
-            return
+        if (c.every and step % c.every == 0) or (c.at_end and step == trainer.config.training.steps):
+            self.run(trainer, step)
+
+    def run(self, trainer: LaneformerTrainer, step: int) -> None:
+        """Evaluate, log and add the results to the step's evals file."""
         try:  # an eval never stops training (train.callbacks.eval)
             results = self.evaluate(trainer)
         except Exception as e:

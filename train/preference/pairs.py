@@ -3,7 +3,8 @@
 A pair source is an ordinary tokenized source (data.shards) whose ``manifest.json`` has a ``pairs``
 entry: document ``2p`` is pair p's chosen conversation, ``2p + 1`` its rejected one, adjacent in one
 shard, each ``<s> prompt answer </s>`` with the loss mask on the answer's tokens only. Several pair
-sources are one table of pairs: source by source, pair ids counting on.
+sources are one table of pairs: source by source, pair ids counting on, drawn uniformly (so a source's
+share is its share of the pairs: train.recipe refuses unequal weights rather than ignore them).
 
 Order: epoch e visits every pair once, in a permutation seeded by (seed, e). The loader's state is
 one number, the next global sequence index (two per pair), identical on every rank: data-parallel

@@ -2,8 +2,9 @@
 (``expected_pairs``, by its card), and the reference pass's cost (``--dry-run``; the size check is the
 preflight's too, as ``check_needs`` is for token sources).
 
-Pairs are drawn uniformly from all pair sources together (train.preference.pairs), so every source is
-read the same number of epochs: the run's pairs over all sources' pairs. The reference pass is one
+Pairs are drawn uniformly from all pair sources together (train.preference.pairs; their weights are
+equal, train.recipe refuses others), so every source is read the same number of epochs: the run's
+pairs over all sources' pairs. The reference pass is one
 forward, no backward, over every pair before step 1: two sequences of ``seq_len`` a pair at a third of
 a training token's FLOPs (forward 2N of 6N).
 """

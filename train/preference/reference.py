@@ -7,11 +7,19 @@ only, on the same ranks and the same micro batch shape as training (each rank a 
 across ranks), writes the result in the run dir and keeps only the numbers. TRL's
 ``precompute_ref_log_probs`` is the same idea.
 
-The file is named by a key of everything the numbers depend on: the init checkpoint (its path and
-its files' names, sizes and modification times), the pair sources' manifests (which hold every
-shard's checksum), the loss type (summed or averaged log-probs), ``seq_len`` and the chat template.
-``beta`` is not in it: changing beta reuses the numbers. A restart with the same key reuses the file
-and says so; another key computes again, which needs the policy to still be the reference (step 0).
+The file (``<run>/reference_logps/<role>-<key>.npy``) is named by a key of everything the numbers
+depend on: the init checkpoint's step and a digest of its files' contents (not its path or times: a
+copy is the same checkpoint), the pair sources' manifests (which hold every shard's checksum), the
+chat template, the loss type (summed or averaged log-probs), ``seq_len``, and the parameter dtype and
+compile setting the forward runs with. ``beta`` is not in it: changing beta reuses the numbers.
+
+Reading a checkpoint of many GB costs minutes, so it is read once, at step 0 (the ranks share its
+files), and its step and digest are recorded with what each key holds (``inputs.json`` beside the
+files). A resumed run keys by the recorded init: an SFT run dir that gained a newer step since
+(``init_from`` names its latest) changes nothing. A key whose file exists is reused, and the run says
+so; another is computed at step 0, when the policy still is the reference, and refused at a later
+step by an error that names what changed since the record (``[preference] heldout`` added, the dtype
+switched, ...).
 """
 
 from __future__ import annotations
@@ -28,45 +36,126 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rundir import REFERENCE_LOGPS_DIR
+from rundir import REFERENCE_INPUTS_FILE, REFERENCE_LOGPS_DIR, REFERENCE_LOGPS_FILE, VERIFIED_FILE, step_number
 from data.shards import MANIFEST
 from train.preference.loss import sequence_logps
 from train.preference.pairs import PairSet
+
+# The key's inputs a resumed run can change, by the recipe key that changes them (the sources: SOURCES)
+WHERE = {"template_sha256": "[data] chat_template", "loss": "[preference] loss", "seq_len": "[training] seq_len",
+         "param_dtype": "[parallel] param_dtype (on CPU: float32 unless cpu_fp32 = false)",
+         "compile": "[parallel] compile"}
+SOURCES = {"train": "[data.sources] (the pair sources)", "heldout": "[preference] heldout"}
 
 
 class ReferenceError(RuntimeError):
     """The reference log-probs cannot be had (missing at a resumed step, or missing a pair)."""
 
 
-def checkpoint_identity(folder: str | Path) -> dict:
-    """What says an init checkpoint changed: its resolved path and its files' names, sizes and mtimes."""
-    folder = Path(folder).resolve()
-    files = sorted(p for p in folder.rglob("*") if p.is_file())
-    return {"path": str(folder),
-            "files": [[str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def cache_key(init_checkpoint: str, sources: list[str], loss: str, seq_len: int, template_sha256: str) -> str:
-    """The key the reference log-probs of ``sources`` are filed under (see the module docstring)."""
-    parts = {"init": checkpoint_identity(init_checkpoint),
-             "manifests": [hashlib.sha256((Path(s) / MANIFEST).read_bytes()).hexdigest() for s in sources],
-             "loss": loss, "seq_len": seq_len, "template_sha256": template_sha256}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+def checkpoint_identity(folder: str | Path, beat: Callable[[], None] = lambda: None) -> dict:
+    """The init checkpoint as the keys hold it: its step (the ``step-N`` folder's N; None for an HF
+    export) and a digest of its files' contents by relative name, with its path for people (not in
+    the keys). Rank r of W hashes files r, r + W, ... (DCP writes a file per saving rank) and the
+    ranks' digests are gathered; ``beat`` is called before each file. The replica check's note
+    (rundir.VERIFIED_FILE) says something of the checkpoint, not in it."""
+    folder = Path(folder)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != VERIFIED_FILE)
+    digests = {}
+    for name in names[rank::world]:
+        beat()
+        digests[name] = file_sha256(folder / name)
+    if world > 1:
+        gathered = [None] * world
+        dist.all_gather_object(gathered, digests)
+        digests = {k: v for g in gathered for k, v in g.items()}
+    return {"path": str(folder), "step": step_number(folder),
+            "digest": hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()}
+
+
+def key_inputs(init: dict, sources: list[str], loss: str, seq_len: int, template_sha256: str, param_dtype: str,
+               compile: bool) -> dict:
+    """What the key of ``sources``' reference log-probs holds (see the module docstring); ``init`` is
+    ``checkpoint_identity``'s."""
+    return {"init_step": init["step"], "init_digest": init["digest"],
+            "manifests": [file_sha256(Path(s) / MANIFEST) for s in sources], "template_sha256": template_sha256,
+            "loss": loss, "seq_len": seq_len, "param_dtype": param_dtype, "compile": compile}
+
+
+def cache_key(inputs: dict) -> str:
+    """The key the reference log-probs are filed under: a digest of ``key_inputs``."""
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def cache_file(run_dir: str | Path, role: str, key: str) -> Path:
     """Where the reference log-probs of ``role``'s pairs (``train`` or ``heldout``) are kept."""
-    return Path(run_dir) / REFERENCE_LOGPS_DIR / f"{role}-{key}.npy"
+    return Path(run_dir) / REFERENCE_LOGPS_DIR / REFERENCE_LOGPS_FILE.format(role=role, key=key)
+
+
+def inputs_file(run_dir: str | Path) -> Path:
+    """The record of the init checkpoint and of each role's sources and key inputs, written at step 0."""
+    return Path(run_dir) / REFERENCE_LOGPS_DIR / REFERENCE_INPUTS_FILE
+
+
+def read_inputs(run_dir: str | Path, step: int) -> dict:
+    """The record a resumed run keys by (its init checkpoint as it was at step 0)."""
+    path = inputs_file(run_dir)
+    if not path.is_file():
+        raise ReferenceError(f"{path}: missing, and the run is at step {step}: it records the init checkpoint the "
+                             "reference log-probs were computed from at step 0. Restore it, or start a new run dir")
+    return json.loads(path.read_text())
+
+
+def changes(role: str, recorded: dict | None, sources: list[str], inputs: dict) -> list[str]:
+    """What of ``role``'s key differs from the record, each as ``[table] key: then, now``."""
+    where = SOURCES[role]
+    if recorded is None:
+        return [f"{where}: unset at the first launch, {sources} now"]
+    out = []
+    if recorded["sources"] != sources:
+        out.append(f"{where}: {recorded['sources']} at the first launch, {sources} now")
+    elif recorded["inputs"]["manifests"] != inputs["manifests"]:
+        out.append(f"{where}: the sources' manifests changed since the first launch (the data was tokenized again)")
+    return out + [f"{WHERE[k]}: {recorded['inputs'][k]!r} at the first launch, {v!r} now"
+                  for k, v in inputs.items() if k in WHERE and recorded["inputs"][k] != v]
+
+
+def missing_at_resume(run_dir: str | Path, role: str, step: int, record: dict, sources: list[str], inputs: dict
+            ) -> ReferenceError:
+    """The error for a key without its file at a resumed step: what changed since the record, or that
+    the file is gone."""
+    found = changes(role, record.get(role), sources, inputs)
+    path, record_path = cache_file(run_dir, role, cache_key(inputs)), inputs_file(run_dir)
+    why = (f"Changed since the run's first launch (recorded in {record_path}): {'; '.join(found)}. Undo the change, "
+           "or start a new run dir" if found else
+           f"Nothing its key holds changed since the first launch (recorded in {record_path}): the file was "
+           "removed. Restore it, or start a new run dir")
+    return ReferenceError(f"{path}: no reference log-probs of the {role} pairs, and the run is at step {step}: the "
+                          f"policy is no longer the reference, so they cannot be computed now. {why}")
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """A killed write leaves no half file under the final name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def write_inputs(run_dir: str | Path, record: dict) -> None:
+    write_atomically(inputs_file(run_dir), (json.dumps(record, indent=2) + "\n").encode())
 
 
 def save(path: Path, logps: np.ndarray) -> None:
-    """Write atomically: a killed save leaves no half file under the final name."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     np.save(buffer, logps)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(buffer.getvalue())
-    os.replace(tmp, path)
+    write_atomically(path, buffer.getvalue())
 
 
 def load(path: Path, pairs: PairSet) -> np.ndarray:

@@ -17,7 +17,6 @@ step's micro batches and ranks and logged with the step's other metrics.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
@@ -54,45 +53,57 @@ class PreferenceTrainer(LaneformerTrainer):
         self.local_pairs = config.training.local_batch_size // 2
         self.average = AVERAGED[config.loss_type]
         self.reference: dict[str, torch.Tensor] = {}  # role -> [pairs, 2] on the device
-        self.heldout_pairs: PairSet | None = None
+        # whatever the loss type: train.callbacks.pref_eval scores them, against a reference or not (simpo)
+        self.heldout_pairs = PairSet(config.heldout, config.training.seq_len, self.tokenizer.tokenizer.fingerprint,
+                                     self.tokenizer.get_vocab_size()) if config.heldout else None
 
     # -- the reference log-probs, before step 1 -----------------------------------------------------
 
     def should_continue_training(self) -> bool:
         if not self._started and NEEDS_REFERENCE[self.config.loss_type]:
             self.enter(Phase.EVAL)  # a pass over every pair: the eval's stall allowance and goodput bucket
-            self.reference = {role: self._reference(role, pairs) for role, pairs in self._pair_sets().items()}
+            self.reference = self._references()
         return super().should_continue_training()
 
-    def _pair_sets(self) -> dict[str, PairSet]:
-        sets = {"train": self.dataloader.loader.pairs}
-        if self.config.heldout:
-            self.heldout_pairs = PairSet(self.config.heldout, self.config.training.seq_len,
-                                         self.tokenizer.tokenizer.fingerprint, self.tokenizer.get_vocab_size())
-            sets["heldout"] = self.heldout_pairs
-        return sets
-
-    def _reference(self, role: str, pairs: PairSet) -> torch.Tensor:
+    def _references(self) -> dict[str, torch.Tensor]:
+        """Each role's reference log-probs (train.preference.reference): at step 0 the init checkpoint is
+        read and what the keys hold is recorded; a resumed run keys by the record."""
         c = self.config
-        init = c.checkpoint.initial_load_path
-        if not init:
-            raise reference.ReferenceError(f"[preference] loss {c.loss_type!r} needs a reference: set "
-                                           "[checkpoint] init_from (the SFT checkpoint)")
-        key = reference.cache_key(init, pairs.paths, c.loss_type, c.training.seq_len, c.template_sha256)
+        sets = {"train": self.dataloader.loader.pairs}
+        if self.heldout_pairs is not None:
+            sets["heldout"] = self.heldout_pairs
+        if self.step == 0:
+            if not c.checkpoint.initial_load_path:
+                raise reference.ReferenceError(f"[preference] loss {c.loss_type!r} needs a reference: set "
+                                               "[checkpoint] init_from (the SFT checkpoint)")
+            record = {"init": reference.checkpoint_identity(c.checkpoint.initial_load_path,
+                                                            beat=lambda: self.enter(Phase.EVAL))}
+        else:
+            record = reference.read_inputs(c.dump_folder, self.step)
+        out = {}
+        for role, pairs in sets.items():
+            inputs = reference.key_inputs(record["init"], pairs.paths, c.loss_type, c.training.seq_len,
+                                          c.template_sha256, c.training.mixed_precision_param, c.compile.enable)
+            out[role] = self._reference(role, pairs, inputs, record)
+            record[role] = {"sources": pairs.paths, "inputs": inputs}
+        if self.step == 0 and self.rank0:
+            reference.write_inputs(c.dump_folder, record)
+        return out
+
+    def _reference(self, role: str, pairs: PairSet, inputs: dict, record: dict) -> torch.Tensor:
+        c = self.config
+        key = reference.cache_key(inputs)
         path = reference.cache_file(c.dump_folder, role, key)
         if path.is_file():
             logps = reference.load(path, pairs)
             if self.rank0:
                 logger.info(f"reference log-probs of the {role} pairs: reusing {path} (key {key}; not recomputed)")
         elif self.step > 0:
-            raise reference.ReferenceError(
-                f"{path}: no reference log-probs under key {key} (init checkpoint {init}, the pair sources' "
-                f"manifests, loss {c.loss_type!r}, seq_len, template) and the run is at step {self.step}: "
-                "the policy is no longer the reference. Restore the file, or start a new run dir")
+            raise reference.missing_at_resume(c.dump_folder, role, self.step, record, pairs.paths, inputs)
         else:
             if self.rank0:
                 logger.info(f"reference log-probs of the {role} pairs: computing {len(pairs):,} pairs with "
-                            f"the init checkpoint {init} (key {key})")
+                            f"the init checkpoint {record['init']['path']} (key {key})")
             logps = reference.pair_logps(self.model_parts[0], pairs, self.local_pairs, self.average, self.device,
                                          beat=lambda: self.enter(Phase.EVAL))
             if self.rank0:
