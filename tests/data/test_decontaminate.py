@@ -26,6 +26,7 @@ from data.pairs import pairs_of
 from data.shards import open_source
 from data.tokenizer import TINY_TOKENIZER, Tokenizer
 from tests.eval.evalplus_cases import HUMANEVAL, MBPP, write_release
+from train.preference.loss import LOSSES
 
 FIND_ZERO = HUMANEVAL[3]  # HumanEval/32: the longest prompt and solution of the test dataset
 DIV_SUM = MBPP[2]  # Mbpp/164
@@ -266,18 +267,18 @@ def test_pairs_are_matched_on_their_prompt_and_both_answers(evalplus_data, tmp_p
     assert Tokenizer(TINY_TOKENIZER).decode(chosen[mask == 1]).strip() == "Dog."
 
 
-def test_decontaminated_pairs_are_one_tokenization_whatever_the_loss_type(evalplus_data, tmp_path, capsys):
-    """The "decontaminated pairs" row of the loss-type table (dpo, dpo_norm, simpo): the loss type plays no
-    part in decontamination, so that is what is checked, rather than three identical runs. ``train.data
-    tokenize`` makes the tokenization's arguments (``train.data.tokenize_kwargs``) from the source's fields,
-    ``[data]`` tokenizer and template, ``[training] seq_len`` and ``[eval]``'s benchmark files, before any
-    training; ``[preference] loss`` is read by training alone, from the pairs written. So the arguments are
-    the same for every loss type, and one tokenization of the recipe drops the planted pairs and keeps the
-    clean one."""
+@pytest.mark.parametrize("loss", LOSSES)
+def test_decontaminated_pairs_are_one_tokenization_whatever_the_loss_type(evalplus_data, tmp_path, capsys, loss):
+    """The "decontaminated pairs" row of the combinations table (tests/test_combinations.py): the loss type
+    plays no part in decontamination, and that is what is checked. ``train.data tokenize`` makes the
+    tokenization's arguments (``train.data.tokenize_kwargs``) from the source's fields, ``[data]`` tokenizer
+    and template, ``[training] seq_len`` and ``[eval]``'s benchmark files, before any training;
+    ``[preference] loss`` is read by training alone, from the pairs written. So the arguments are the same
+    for every loss type, and a tokenization of the recipe with ``loss`` drops the planted pairs and keeps
+    the clean one."""
     from train import recipe as R
     from train.data import main as data_main
     from train.data import tokenize_kwargs
-    from train.preference.loss import LOSSES
 
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(row) + "\n" for row, _ in PAIRS))
     recipe = tmp_path / "dpo.toml"
@@ -312,6 +313,7 @@ steps = 1
     assert {loss: r.preference.loss for loss, r in loaded.items()} == {loss: loss for loss in LOSSES}
     first, *others = (tokenize_kwargs(r, r.data.sources[0]) for r in loaded.values())
     assert first["decontaminate"] == ["humaneval", "mbpp"] and first["pairs"] and all(k == first for k in others)
-    assert data_main(["tokenize", "--recipe", str(recipe), "--source", "prefs"]) == 0
+    assert data_main(["tokenize", "--recipe", str(recipe), "--source", "prefs", "--set",
+                      f'preference.loss="{loss}"']) == 0
     assert "dropped as benchmark overlap (12-grams): {'humaneval': 2, 'mbpp': 0}" in capsys.readouterr().out
     assert json.loads((tmp_path / "tok" / "manifest.json").read_text())["pairs"]["pairs"] == 1
