@@ -47,7 +47,7 @@ import torch  # noqa: E402
 
 import rundir  # noqa: E402
 from train import recipe as R  # noqa: E402
-from train.plan.gpus import GPUS  # noqa: E402
+from plan.gpus import GPUS  # noqa: E402
 
 DEFAULT_RECIPE = "tiny.toml"
 
@@ -62,7 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--run", type=Path, help="dry run: the run dir whose realized data mix to show "
                    "(default: the recipe's)")
     p.add_argument("--plan", action="store_true",
-                   help="memory per GPU, eager and compiled roofline speed on --gpus GPUs of kind --gpu (train/plan/)")
+                   help="memory per GPU, eager and compiled roofline speed on --gpus GPUs of kind --gpu (plan/)")
     p.add_argument("--gpu", default="h100", choices=list(GPUS), help="plan: the GPU kind")
     p.add_argument("--sweep", action="store_true", help="plan: also micro batch x activation checkpointing")
     p.add_argument("--ops", action="store_true", help="plan: also one layer's per-op roofline, lanes vs dense")
@@ -74,14 +74,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "(default: the recipe's [parallel] gpus, 192 for phase 1; a CPU recipe's dry run checks this "
                    "launch's ranks)")
     p.add_argument("--cluster", help="plan: the cluster preset for communication, h100-ib400 or a100-ib200 "
-                   "(default: the --gpu kind's; train/plan/comm.py)")
+                   "(default: the --gpu kind's; plan/comm.py)")
     p.add_argument("--gpus-per-node", type=int, help="plan: GPUs per node (default: the cluster's)")
     p.add_argument("--intra-node-gbs", type=float, help="plan: NCCL bus bandwidth inside a node, GB/s")
     p.add_argument("--network-gbs", type=float, help="plan: NCCL bus bandwidth per GPU across nodes, GB/s")
     p.add_argument("--mfu", type=float, default=0.40, help="dry run: assumed model FLOPs utilization "
                    "(Kog reported ~28%% for the 2B on 192 H100s)")
     p.add_argument("--peak-tflops", type=float, default=GPUS["h100"].tflops["bfloat16"],
-                   help="dry run: peak bf16 TFLOP/s per GPU (default: the H100's, train/plan/gpus.py)")
+                   help="dry run: peak bf16 TFLOP/s per GPU (default: the H100's, plan/gpus.py)")
     return p.parse_args(argv)
 
 
@@ -120,7 +120,7 @@ def report_line(run: Path, written: bool = True) -> str:
     from rundir import REPORT_LOG, REPORT_PAGE, report_dir
 
     if not written:
-        return f"report: off ([logging] report = false); draw it with python -m train.report {shlex.quote(str(run))}"
+        return f"report: off ([logging] report = false); draw it with python -m report {shlex.quote(str(run))}"
     page = report_dir(run) / REPORT_PAGE
     return f"report: {page}" if page.exists() else f"report: not written (see {report_dir(run) / REPORT_LOG})"
 
@@ -154,8 +154,8 @@ def main(argv=None) -> int:
         if args.plan:
             import json
 
-            from train.plan import make_plan
-            from train.plan.comm import cluster_for
+            from plan import make_plan
+            from plan.comm import cluster_for
 
             cluster = cluster_for(args.gpu, args.cluster, gpus_per_node=args.gpus_per_node,
                                   intra_node_gbs=args.intra_node_gbs, network_gbs=args.network_gbs)
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
                           with_kernels=args.compiled, cluster=cluster)
             print(json.dumps(p.to_json(), indent=1) if args.json else "\n".join(p.lines()))
             if args.plot:
-                from train.report.memory import plot_memory
+                from report.memory import plot_memory
 
                 plot_memory(p.memory, args.plot, title=f"{recipe.model.flavor} on {gpus} x {p.gpu.label}, "
                             f"micro batch {p.shape.micro_batch}, AC {p.shape.ac}")
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     except R.RecipeError as e:
         problems = str(e).splitlines()
     if args.dry_run and recipe is not None:
-        from train.plan import dry_run
+        from plan import dry_run
 
         try:  # the plan, as far as it can be made; then the same verdict as a launch
             print(dry_run(recipe, gpus=gpus, mfu=args.mfu, peak_tflops=args.peak_tflops, run_dir=args.run))

@@ -45,7 +45,7 @@ from data.shards import write_manifest, write_shard
 from models.laneformer import laneformer_configs
 from models.laneformer.flops import nparams_and_flops_per_token
 from rundir import REPO
-from train.plan.gpus import GPUS
+from plan.gpus import GPUS
 
 H100_PEAK_BF16 = GPUS["h100"].peak_flops("bfloat16")
 HEADROOM = 20.0

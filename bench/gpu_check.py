@@ -48,7 +48,7 @@ import torch
 from bench import common, gpu_throughput, lanes_vs_dense
 from models.laneformer import laneformer_configs
 from rundir import REPO
-from train.plan.gpus import gpu_for_device
+from plan.gpus import gpu_for_device
 
 
 

@@ -8,7 +8,7 @@ and fp32 reductions) on a 1-rank process group, then trained on synthetic
 tokens (pure causal attention, no document masks) with fused AdamW.
 
 MFU = FLOPs/token (models.laneformer.flops, 6N + attention, AC recompute not
-counted) x tokens/s / peak, peak = the bf16 datasheet peak of ``train/plan/gpus.py``
+counted) x tokens/s / peak, peak = the bf16 datasheet peak of ``plan/gpus.py``
 (989 TFLOP/s for an H100 or H200: the H200 has the H100's compute and more memory). Each setting is compiled from
 scratch (dynamo reset), so the sweep takes a few minutes per setting; a
 micro batch that runs out of memory ends that AC setting's sweep.
@@ -40,7 +40,7 @@ def mfu(flops_per_token: float, tokens_per_s: float, peak: float) -> float:
 
 def peak_flops(device_name: str) -> float | None:
     """bf16 peak FLOP/s of a CUDA device name, from the planner's GPU table (None: not in it)."""
-    from train.plan.gpus import GPUS, gpu_for_device
+    from plan.gpus import GPUS, gpu_for_device
 
     kind = gpu_for_device(device_name)
     return None if kind is None else GPUS[kind].peak_flops("bfloat16")
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--peak-tflops", type=float, default=None, help="bf16 peak, for GPUs not in train/plan/gpus.py")
+    p.add_argument("--peak-tflops", type=float, default=None, help="bf16 peak, for GPUs not in plan/gpus.py")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_throughput: no CUDA GPU found; this benchmark measures GPU throughput and MFU, "

@@ -66,8 +66,8 @@ def check(recipe: R.Recipe, args, world_size: int):
         checked = preflight(recipe, world_size)
         problems, config = checked.problems, checked.config
     if args.gpus_per_node and not args.no_plan and config is not None:  # memory per GPU, before the queue
-        from train.plan import plan
-        from train.plan.comm import cluster_for
+        from plan import plan
+        from plan.comm import cluster_for
 
         # communication as this job places its ranks: --nodes nodes of world_size / nodes each
         text, fits = plan(recipe, gpus=world_size, gpu=args.gpu,

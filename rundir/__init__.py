@@ -19,13 +19,13 @@ a SLURM batch script can use it::
     <run>/rollbacks.jsonl             spike rollbacks
     <run>/stalls/<attempt>/           a stalled launch's stacks and stall.json
     <run>/report/report.html          the run report (and refresh.log)
-    <run>/plan.json                   the memory plan the report draws (train.report --plan-gpu)
+    <run>/plan.json                   the memory plan the report draws (report --plan-gpu)
     <run>/hf/                         the end-of-run Hugging Face export (default)
     <run>/tensorboard/, compile_cache/
     <run>/reference_logps/            a preference run's reference log-probs, <role>-<key>.npy, and
                                       inputs.json (the init checkpoint and what each key holds)
     <sweep>/sweep.json                a sweep dir (launch.sweep): its record, a dir per run, logs/,
-    <sweep>/comparison.csv ...        and train.report's comparison.csv, summary.csv, report.html
+    <sweep>/comparison.csv ...        and report's comparison.csv, summary.csv, report.html
 
 Run dirs go to ``runs/<name>`` in the repo unless a recipe says otherwise; sweeps to ``runs/sweeps/<name>``.
 
@@ -71,8 +71,8 @@ REPORT_DIR = "report"
 REPORT_PAGE = "report.html"  # in report/
 REPORT_LOG = "refresh.log"  # in report/: the in-run refresh's output
 VERIFIED_FILE = "replicas_verified.json"  # in a checkpoint's step-N dir: its replicas were compared
-PLAN_FILE = "plan.json"  # python -m train.report RUN --plan-gpu KIND traces the memory plan into it
-# under launches/<n>/: what a launch ran (train.snapshot writes it, train.report reads it)
+PLAN_FILE = "plan.json"  # python -m report RUN --plan-gpu KIND traces the memory plan into it
+# under launches/<n>/: what a launch ran (train.snapshot writes it, report reads it)
 STARTED_FILE = "started"
 GIT_COMMIT_FILE = "git-commit"
 GIT_STATUS_FILE = "git-status"
@@ -98,7 +98,7 @@ BATCH_LOG = "batch.log"  # the SLURM batch script's own output
 NODE_LOG = "node%t-%N.log"  # srun's --output: each node's torchrun (SLURM fills in the task %t and host %N)
 NODE_LOG_RE = re.compile(r"node(\d+)-(.+)\.log")  # NODE_LOG as srun filled it in
 LOCAL_LOGS_DIR = "local"  # launch.local's torchrun --log-dir, a folder per start
-# a sweep dir: its runs' dirs, LOGS_DIR, and train.report's comparison (REPORT_PAGE too)
+# a sweep dir: its runs' dirs, LOGS_DIR, and report's comparison (REPORT_PAGE too)
 SWEEP_FILE = "sweep.json"
 COMPARISON_FILE = "comparison.csv"
 SUMMARY_FILE = "summary.csv"

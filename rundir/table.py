@@ -2,7 +2,7 @@
 
 tabulate lays them out; cells arrive formatted by the caller (``+0.0000``, ``61.7%``, ``1,234``),
 so tabulate's number parsing is off: it would print ``+0.0000`` as ``0``. In rundir, the lowest
-layer, because launch, train/plan and train/report all print them.
+layer, because launch, plan and report all print them.
 """
 
 from __future__ import annotations

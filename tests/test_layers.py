@@ -1,14 +1,14 @@
 """The packages form layers, and a module imports only from its own layer or those below:
 
-    rundir <- data <- models <- eval <- train <- launch <- bench
+    rundir <- data <- models <- eval <- train <- plan <- report <- train.py <- launch <- bench
 
-(train.py is in train's layer; tests may import anything). Every import counts: at module
+(train.py, the command line, prints the planner's and the report's output; tests may import anything). Every import counts: at module
 level, inside functions, under ``if TYPE_CHECKING``. An upward import is how a cycle starts
 (the decoder's CLI once imported eval.load while eval.load imported the decoder).
 
 ``train`` has rooms of its own, layered the same way (``TRAIN_ROOMS``, lowest first): its
 base modules, the run's health, the callbacks, the trainer and its torchtitan adapter, the
-build, the planner, the report, and the entry points. No import circle inside train/."""
+build, and the entry points. No import circle inside train/."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from pathlib import Path
 
 from rundir import REPO
 
-LAYERS = ["rundir", "data", "models", "eval", "train", "launch", "bench"]
+SCRIPT = "train.py"  # the command line's layer, above the planner and the report it prints
+
+LAYERS = ["rundir", "data", "models", "eval", "train", "plan", "report", SCRIPT, "launch", "bench"]
 TRAIN_ROOMS = [
     ["train.exits", "train.recipe", "train.cpu", "train.snapshot", "train.metric_names",
      # a preference run's parts below its trainer: losses, pairs, reference log-probs, its plan
@@ -27,8 +29,8 @@ TRAIN_ROOMS = [
     ["train.callbacks"],
     ["train.titan", "train.trainer", "train.preference"],  # train.preference.trainer (and the package)
     ["train.build"],
-    ["train.plan"],
-    ["train.report"],
+    ["plan"],
+    ["report"],
     ["train.data", "train.config_registry", "train"],  # the entry points ("train": the train.py script)
 ]
 SKIP = {"tests", ".venv", "runs", "assets", "recipes"}
@@ -74,7 +76,7 @@ def upward_imports(root: Path) -> list[str]:
         if rel.parts[0] in SKIP or rel.parts[0].startswith(".") or rel.parts[0].endswith(".egg-info"):
             continue
         name = module_name(root, path)
-        own = layer_of(name)
+        own = LAYERS.index(SCRIPT) if rel == Path(SCRIPT) else layer_of(name)
         if own is None:
             continue
         for line, target in imports(root, path):
@@ -204,5 +206,5 @@ def test_the_check_finds_a_planted_upward_import_wherever_it_hides(tmp_path):
         "eval/run.py:3: eval.run (eval) imports train.trainer (train)",
         "models/m.py:2: models.m (models) imports eval.load (eval)",
         "train/sub/x.py:1: train.sub.x (train) imports launch (launch)",
-        "train.py:2: train (train) imports bench.common (bench)",
+        "train.py:2: train (train.py) imports bench.common (bench)",
     ]

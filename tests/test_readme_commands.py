@@ -119,7 +119,7 @@ def made_the_run(work: dict, out: str) -> None:
 
 
 def report_has_the_run(work: dict, out: str) -> None:
-    from train.report.page import embedded_data
+    from report.page import embedded_data
 
     page = Path(work["tmp"]) / "report" / "report.html"
     loss = embedded_data(page.read_text())["loss"]["loss"]
@@ -307,8 +307,8 @@ COMMANDS: dict[str, Here | Same | Skip] = {
              "--dump_folder {tmp}/titan --metrics.log_freq 1", "", check=titan_run),
     "torchrun ... train.py --recipe phase2.toml": Skip(GPU, "the 2B on GPUs from phase 1's checkpoint; tiny-phase2 "
         "from a tiny checkpoint runs in the test named", "tests/train/test_train.py::test_phase2_starts_from_phase1_weights"),
-    "python -m train.report runs/NAME [runs/OTHER ...] [--out DIR] [--plan-gpu h100 --gpus 192]":
-        Here("python -m train.report {run} --out {tmp}/report", "report.html", check=report_has_the_run),
+    "python -m report runs/NAME [runs/OTHER ...] [--out DIR] [--plan-gpu h100 --gpus 192]":
+        Here("python -m report {run} --out {tmp}/report", "report.html", check=report_has_the_run),
     PLOT: Here("python train.py --recipe phase1.toml --plan --gpus 192 --plot {tmp}/plan.png",
                "peak memory per GPU: 58.76 GiB of 79.6 GiB (fits)", check=png_written("{tmp}/plan.png")),
     "python -m models.laneformer.inspect --flavor 2B": Here("python -m models.laneformer.inspect --flavor 2B",
@@ -376,7 +376,7 @@ COMMANDS: dict[str, Here | Same | Skip] = {
                             check=same_ids_as_one_process),
     "python -m launch.sweep recipes/sweeps/dtp.toml [--dry-run --gpus 8 --gpu h100] [--parallel K | --slurm "
     "--partition P ...]": Same(DTP_DRY),
-    "python -m train.report runs/sweeps/dtp": Skip(GPU, "compares the dtp study's 24 runs on 8 H100s; the test named "
+    "python -m report runs/sweeps/dtp": Skip(GPU, "compares the dtp study's 24 runs on 8 H100s; the test named "
                                                         "compares the tiny sweep", SWEEP),
     "python -m launch.local --recipe tiny.toml --nproc 2 [--set ...]":
         Here("python -m launch.local --recipe tiny.toml --nproc 2 --set run.output_dir={tmp}/local "
@@ -407,7 +407,7 @@ COMMANDS: dict[str, Here | Same | Skip] = {
                                                                       "sweep at toy size", SWEEP),
     # On the sweep dir the fixture lays out as launch.sweep and tiny-dpo.toml's runs leave it, their metrics written
     # by the test (training them takes ~2 hours here).
-    "python -m train.report runs/sweeps/tiny-dpo": Here("python -m train.report {dpo_sweep}",
+    "python -m report runs/sweeps/tiny-dpo": Here("python -m report {dpo_sweep}",
                                                         "held-out preference accuracy at 20,480 tokens "
                                                         "(eval/pref_accuracy, higher is better;",
                                                         check=compared_on_preference_accuracy),
@@ -422,7 +422,7 @@ COMMANDS: dict[str, Here | Same | Skip] = {
     # --- sweeps ---
     "python -m launch.sweep recipes/sweeps/tiny-dtp.toml": Skip(LONG, "4 runs of 100 steps (8.9 CPU-minutes); the "
                                                                       "test named runs it at 4 steps", SWEEP),
-    "python -m train.report runs/sweeps/tiny-dtp": Skip(LONG, "compares the sweep above; the test named runs it on "
+    "python -m report runs/sweeps/tiny-dtp": Skip(LONG, "compares the sweep above; the test named runs it on "
                                                               "its 4-step sweep", SWEEP),
     DTP_DRY: Here("python -m launch.sweep recipes/sweeps/dtp.toml --dry-run --gpus 8 --gpu h100 --root {tmp}/dtp",
                   "sweep total: 24 runs, 46.4 GPU-hours at the roofline (5.8 h on 8 x H100", rc=2,

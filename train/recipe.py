@@ -210,7 +210,7 @@ class Launch:
     stall_timeout_first_step: int = 1800
     stall_timeout_checkpoint: int = 1800
     stall_timeout_eval: int = 3600
-    # Inputs of the checkpoint-interval plan (train/plan/interval.py, printed by train.py --plan): a node's
+    # Inputs of the checkpoint-interval plan (plan/interval.py, printed by train.py --plan): a node's
     # mean time between failures (Llama 3: 419 unexpected interruptions in 54 days on 2,048 8-GPU nodes) and
     # the planned restart, seconds (launch.slurm status measures it).
     node_mtbf_hours: float = 6330.0
@@ -228,7 +228,7 @@ class Logging:
     tensorboard: bool = True
     wandb_project: str | None = None
     wandb_mode: Literal["online", "offline", "disabled"] = "offline"
-    report: bool = True  # the run writes report/ (python -m train.report) after each eval and at the end
+    report: bool = True  # the run writes report/ (python -m report) after each eval and at the end
 
 
 @dataclass(kw_only=True)

@@ -10,7 +10,7 @@ The sweep file (``recipes/sweeps/*.toml``)::
     recipe = "phase1.toml"               # the base recipe
     seeds = [1, 2, 3]                    # run.seed of each repeat
     baseline = { "model.delay" = 0 }     # the variant every other is compared with
-    metric = "eval/val_loss"             # optional: what the report compares on (train/report/comparable.py);
+    metric = "eval/val_loss"             # optional: what the report compares on (report/comparable.py);
                                          # default eval/val_loss, eval/pref_accuracy for preference runs
     [set]                                # fixed overrides, the --set grammar (dotted or quoted keys)
     training.total_tokens = 2_000_000_000
@@ -33,10 +33,10 @@ launch's world size; an invalid one is refused naming the variant and the key
 (exit 2, no sweep dir, no run dir). Running the command again starts only the
 runs that are not done and not running, and prints done/running/left.
 ``sweep.json`` in the sweep dir records the grid, each run's dir and state;
-``python -m train.report SWEEP_DIR`` compares the runs (train/report/sweep.py).
+``python -m report SWEEP_DIR`` compares the runs (report/sweep.py).
 ``--dry-run`` prints the grid and the runs' states; with ``--gpus N``, each
 variant's memory plan and roofline tokens/s on N GPUs of kind ``--gpu``
-(train/plan, as ``train.py --plan``) and the GPU-hours of every run and the sweep.
+(plan, as ``train.py --plan``) and the GPU-hours of every run and the sweep.
 
 Exit status (``train.exits.Exit``): 0 when every run it started ended done (or a dry run's checks
 passed); 2 (BAD_INPUT) for a bad flag, sweep file or variant, before anything is written; 1 (CRASH)

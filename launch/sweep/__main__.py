@@ -13,7 +13,7 @@ from launch.sweep.spec import SweepError, read_sweep, variants
 from launch.sweep.table import grid_lines, plan_lines
 from train import recipe as R
 from train.exits import Exit
-from train.plan.gpus import GPUS
+from plan.gpus import GPUS
 
 TO_START = ("failed", "left")  # what a launch starts: a failed run is tried again, a left one resumed
 
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     on_change()
     print("runs: " + tally(states))
     if all(s == "done" for s in states.values()):
-        print(f"compare: python -m train.report {root}")
+        print(f"compare: python -m report {root}")
     return Exit.CRASH if failed else Exit.DONE  # a run's launcher gave up: see launch.sweep's docstring
 
 

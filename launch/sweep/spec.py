@@ -13,7 +13,7 @@ from typing import Any
 
 from rundir import parse_set
 from train import recipe as R
-from train.report.comparable import METRICS
+from report.comparable import METRICS
 
 RESERVED = ("run.output_dir", "run.seed", "run.name")  # the sweep sets these for every run
 KEYS = {"name", "recipe", "seeds", "baseline", "set", "vary", "metric"}
@@ -32,7 +32,7 @@ class Sweep:
     baseline: dict[str, Any]
     sets: dict[str, Any]  # [set] plus the command line's --set, flattened to dotted keys
     grids: list[dict[str, list]]  # [vary], or each [[vary]]
-    metric: str | None = None  # what train.report compares the runs on; None: its default for the runs' kind
+    metric: str | None = None  # what report compares the runs on; None: its default for the runs' kind
 
     @property
     def axes(self) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from launch.sweep.spec import Sweep, Variant, value_text
 from rundir.table import text_table
 from train import recipe as R
-from train.plan.gpus import GPUS
+from plan.gpus import GPUS
 
 
 def grid_lines(sweep: Sweep, found: list[Variant]) -> list[str]:
@@ -16,9 +16,9 @@ def grid_lines(sweep: Sweep, found: list[Variant]) -> list[str]:
 
 
 def plan_lines(found: list[Variant], sweep: Sweep, gpus: int, gpu: str) -> list[str]:
-    """Per variant: train/plan's memory and roofline (with communication) on ``gpus`` x ``gpu``, as
+    """Per variant: plan's memory and roofline (with communication) on ``gpus`` x ``gpu``, as
     ``train.py --plan`` computes them; GPU-hours = tokens / (tokens/s/GPU) / 3600 per run."""
-    from train.plan import GIB, make_plan
+    from plan import GIB, make_plan
 
     rows, total, planned = [], 0.0, 0
     for v in found:
@@ -35,7 +35,7 @@ def plan_lines(found: list[Variant], sweep: Sweep, gpus: int, gpu: str) -> list[
         rows.append([v.name, f"{p.nparams:,}", f"{p.memory.peak / GIB:.1f}", "yes" if p.fits else "NO",
                      f"{tps:,.0f}", f"{p.comm.mfu:.1%}", f"{tokens:,}", f"{hours:,.2f}"])
     label = GPUS[gpu].label
-    return [f"plan per run on {gpus} x {label} (train/plan, as train.py --plan: one step traced on fake tensors; "
+    return [f"plan per run on {gpus} x {label} (plan, as train.py --plan: one step traced on fake tensors; "
             "eager roofline with communication):",
             *text_table(["variant", "parameters", "peak GiB", "fits", "tokens/s/GPU", "MFU", "tokens", "GPU-hours"],
                         rows),

@@ -81,7 +81,7 @@ def lane_placement(n_lanes: int, shard_degree: int):
 def fsdp_units(model: Laneformer, reshard_policy: str) -> list[tuple[str, list[nn.Module], bool]]:
     """The groups of modules FSDP2 shards as one unit (one all-gather, one reduce-scatter), in forward
     order, with whether each is resharded after forward (and gathered again for backward). The
-    communication plan (train/plan/comm.py) counts its collectives from the same list."""
+    communication plan (plan/comm.py) counts its collectives from the same list."""
     after = get_fsdp_reshard_after_forward_policy(reshard_policy, pp_enabled=False)
     return [
         ("tok_embeddings", [model.tok_embeddings], after),

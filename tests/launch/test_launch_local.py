@@ -27,7 +27,7 @@ from rundir import REPO
 from tests.conftest import STEPS, env, kill_tree, local_command, losses, metrics, reference_run
 from train.health.alerts import read_alerts
 from train.health.heartbeat import read_beats
-from train.report.page import embedded_data
+from report.page import embedded_data
 from tests.launch.conftest import logged_steps, wait_for
 
 def started_at(log: str) -> list[int]:

@@ -1,5 +1,5 @@
 """launch.sweep end to end: the tiny sweep (2 variants x 2 seeds, through launch.local) compared by
-``python -m train.report`` against each run's own metrics.jsonl, a rerun that starts nothing, an
+``python -m report`` against each run's own metrics.jsonl, a rerun that starts nothing, an
 invalid variant refused with nothing written, the dry run's grid and plan, dtp.toml's variants (union,
 de-duplication, names), the metric a sweep file names checked and recorded, and a one-run sweep
 submitted through launch.slurm on the emulated cluster."""
@@ -23,7 +23,7 @@ from launch.sweep.runs import RunSpec, write_record
 from launch.sweep.spec import SweepError, Variant, read_sweep, variants
 from rundir import REPO
 from tests.conftest import env
-from train.report.__main__ import main as report_main
+from report.__main__ import main as report_main
 
 TINY_SWEEP = REPO / "recipes" / "sweeps" / "tiny-dtp.toml"
 # The tiny sweep, as short as a comparison can be: 4 steps, validation at the end only.
@@ -49,7 +49,7 @@ def tiny_sweep(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(tiny_sweep):
-    """What ``python -m train.report SWEEP_DIR`` prints: its main, in this process (torch is imported already)."""
+    """What ``python -m report SWEEP_DIR`` prints: its main, in this process (torch is imported already)."""
     with contextlib.redirect_stdout(io.StringIO()) as out:
         assert report_main([str(tiny_sweep[0])]) == 0
     return out.getvalue()

@@ -8,7 +8,7 @@ from rundir.table import text_table
 
 
 def test_the_sweep_summary_is_laid_out_as_the_readme_quotes_it():
-    header = ["variant", "n", "mean", "std", "delta", "sigmas", "verdict"]  # train.report.sweep.summary_lines
+    header = ["variant", "n", "mean", "std", "delta", "sigmas", "verdict"]  # report.sweep.summary_lines
     rows = [["delay=0", "2", "5.6521", "0.0915", "+0.0000", "", "baseline"],
             ["delay=2", "2", "5.6291", "0.0953", "-0.0230", "-0.2", "within seed noise"]]
     quoted = "\n".join(f"    {line}" for line in text_table(header, rows))

@@ -1,4 +1,4 @@
-"""train/plan/comm.py: the bytes of each layout's collectives against the arithmetic done by hand
+"""plan/comm.py: the bytes of each layout's collectives against the arithmetic done by hand
 (nccl-tests' ring formulas on the 2B's parameter counts), and the overlap at its two limits.
 
 The step's compute is a synthetic roofline (one op per FSDP unit and phase), so nothing is traced.
@@ -10,8 +10,8 @@ import pytest
 
 from train import recipe as R
 from train.build import model_config
-from train.plan.comm import Layout, candidate_layouts, cluster_for, communication
-from train.plan.roofline import Op, Speed
+from plan.comm import Layout, candidate_layouts, cluster_for, communication
+from plan.roofline import Op, Speed
 
 GPUS, ACC = 192, 4
 H100 = cluster_for("h100")  # 8 GPUs per node, 360 GB/s inside a node, 45 GB/s per GPU across nodes

@@ -1,4 +1,4 @@
-"""The compiled estimate's kernel bytes (train/plan/compiled.py) against a count by hand.
+"""The compiled estimate's kernel bytes (plan/compiled.py) against a count by hand.
 
 The 1.33 lanes/dense step ratio of ``train.py --plan --compiled`` is a sum of the bytes Inductor's
 fused kernels move; ``tests/train/test_plan.py`` checks it only against the planner itself. Here two
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from models.laneformer.model import LaneRMSNorm, _add_partial, from_lanes
-from train.plan.compiled import _compile_layer
+from plan.compiled import _compile_layer
 
 
 def by_phase(kernels):

@@ -11,7 +11,7 @@ import torch
 from launch.attempts import decide
 from train.exits import Exit
 from train.health.consistency import checksum, vote
-from train.plan.replica import plan_lines
+from plan.replica import plan_lines
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -25,7 +25,7 @@ from train import recipe as R
 from train.build import preflight
 from train.callbacks.eval import Eval, token_bytes, validation_rows
 from train.metric_names import VAL_BPB, VAL_LOSS, per_set
-from train.plan.data import data_report
+from plan.data import data_report
 
 
 def with_source(tmp_path, path, *sets):

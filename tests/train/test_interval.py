@@ -1,4 +1,4 @@
-"""The planner's checkpoint interval (train/plan/interval.py) against Young's formula by hand, and the
+"""The planner's checkpoint interval (plan/interval.py) against Young's formula by hand, and the
 property that makes it the optimum: the expected waste is least there; Daly's correction by hand where
 it is large; ``checkpoint_interval`` on phase 1 against the README's row."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rundir import REPO
-from train.plan.interval import Interval, checkpoint_interval
+from plan.interval import Interval, checkpoint_interval
 
 
 def test_the_interval_is_youngs_by_hand_and_wastes_least():
@@ -46,9 +46,9 @@ def test_the_readme_row_is_what_the_planner_computes_for_phase1():
     README's row, every number of it."""
     from train import recipe as R
     from train.build import model_config
-    from train.plan.gpus import GPUS
-    from train.plan.report import Layout, Shape, _accumulation, cluster_for
-    from train.plan.roofline import roofline
+    from plan.gpus import GPUS
+    from plan.report import Layout, Shape, _accumulation, cluster_for
+    from plan.roofline import roofline
 
     [row] = README_ROW.findall((REPO / "README.md").read_text())
     steps, minutes, stall, mtbf_h, nodes, restart, every, loss, former_loss, former = row

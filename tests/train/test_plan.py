@@ -1,4 +1,4 @@
-"""train/plan/: the dry-run report, the fake-tensor memory plan and the roofline.
+"""plan/: the dry-run report, the fake-tensor memory plan and the roofline.
 
 References: the analytic bytes of FSDP's sharded state (fp32 params, fp32
 grads, two fp32 AdamW moments: 16 B per parameter over N ranks), the
@@ -20,7 +20,7 @@ import pytest
 
 from rundir import REPO
 from tests.conftest import env
-from train import plan as P
+import plan as P
 from train import recipe as R
 from train.build import model_config
 
@@ -81,8 +81,8 @@ def tiny_plan(**flags):
     """What ``train.py --recipe tiny.toml --plan --gpus 2 --gpu h200 [flags]`` prints, made in this process
     (train.py's plan branch): the compiled layers are traced once for both tests that read them, and no
     process start imports torch again. The CLI itself prints a plan in tests/test_readme_commands.py."""
-    from train.plan import make_plan
-    from train.plan.comm import cluster_for
+    from plan import make_plan
+    from plan.comm import cluster_for
 
     return make_plan(R.load("tiny.toml"), gpus=2, gpu="h200", cluster=cluster_for("h200"), **flags)
 
@@ -149,7 +149,7 @@ def test_the_compiled_estimate_sees_every_matmul_of_forward_and_backward(tiny, d
     (forward, input and weight gradients) and the flex kernel's FLOPs for attention."""
     import torch
 
-    from train.plan import compiled
+    from plan import compiled
 
     recipe, config = tiny
     shape = P.Shape.of(recipe, 2, micro_batch=2, seq_len=64)

@@ -10,7 +10,7 @@ from data.mixture import MixtureLoader, needs
 from train import recipe as R
 from train.build import check_data, model_config, preflight
 from train.recipe import check_needs
-from train.plan.data import data_report
+from plan.data import data_report
 
 
 def tiny(tmp_path, *sets):

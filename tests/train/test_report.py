@@ -1,4 +1,4 @@
-"""The run report (train.report, train.callbacks.report): written by the run, its figures read back
+"""The run report (report, train.callbacks.report): written by the run, its figures read back
 against the run's own files, robust to what real run dirs hold, and opened as a person would.
 
 Run dirs here are written by the project's own writers: the session's reference run
@@ -22,8 +22,8 @@ from rundir import METRICS_FILE, REPO
 from tests.conftest import SHORT, losses, reference_run, train
 from train import recipe as R
 from train.callbacks.metrics_file import MetricsJsonl
-from train.report import ReportError, write_report
-from train.report.page import embedded_data
+from report import ReportError, write_report
+from report.page import embedded_data
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -152,9 +152,9 @@ def test_restarts_appear_where_the_launch_records_put_them(reference, tmp_path_f
 
 @pytest.mark.slow
 def test_the_report_command_imports_neither_torch_nor_scipy(reference, tmp_path_factory, tmp_path):
-    """``python -m train.report RUN`` (run at the end of every run that draws it) reads the metric names
+    """``python -m report RUN`` (run at the end of every run that draws it) reads the metric names
     from torch-free train.metric_names, and scipy only for a sweep: a run's report is half the start-up."""
-    code = ("import sys; from train.report.__main__ import main; code = main(sys.argv[1:]); "
+    code = ("import sys; from report.__main__ import main; code = main(sys.argv[1:]); "
             "print(sorted(m for m in ('torch', 'torchtitan', 'scipy') if m in sys.modules)); sys.exit(code)")
     result = subprocess.run([sys.executable, "-c", code, str(reference_run(tmp_path_factory)), "--out", str(tmp_path)],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -282,16 +282,16 @@ def test_an_unreadable_run_dir_is_named(tmp_path):
     (run / "evals" / "step-1.json").write_text('{"step": 1, "metr')
     with pytest.raises(ReportError, match=re.escape(f"{run / 'evals' / 'step-1.json'}: not valid JSON")):
         write_report([run])
-    result = subprocess.run([sys.executable, "-m", "train.report", str(run)], cwd=REPO, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "report", str(run)], cwd=REPO, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 2 and result.stdout == ""
     assert f"error: {run / 'evals' / 'step-1.json'}: not valid JSON" in result.stderr
 
 
 def test_the_memory_plan_is_drawn_as_a_stacked_bar_and_against_the_run(tmp_path):
-    from train.plan import GPUS, Shape, memory_plan
+    from plan import GPUS, Shape, memory_plan
     from train.build import model_config
-    from train.report.memory import PARTS, plot_memory, record_plan
+    from report.memory import PARTS, plot_memory, record_plan
 
     run = fake_run(tmp_path, step_rows([1, 2]))
     recipe = R.load(str(run / "recipe.toml"))
@@ -311,7 +311,7 @@ def test_the_memory_plan_is_drawn_as_a_stacked_bar_and_against_the_run(tmp_path)
 def test_the_header_shows_what_decontamination_dropped_per_source(tmp_path):
     """The header's row reads each source's manifest (data.decontaminate's entry); tiny.toml's sources have none."""
     from data.shards import FORMAT
-    from train.report.runs import header, read_run
+    from report.runs import header, read_run
 
     run = read_run(fake_run(tmp_path, step_rows(range(1, 3))))
     assert dict(header(run))["decontamination"] == "none of the 2 sources"

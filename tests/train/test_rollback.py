@@ -98,12 +98,12 @@ def test_spikes_that_come_back_are_rolled_back_and_their_data_skipped(tmp_path):
     consumed = {k.removeprefix("data/tokens/"): v for k, v in rows[6].items() if k.startswith("data/tokens/")}
     assert consumed == source_tokens([*range(16), *range(40, 72)])
 
-    from train.plan.data import realized_mix  # train.py --dry-run --run's mix
+    from plan.data import realized_mix  # train.py --dry-run --run's mix
 
     skipped = ", ".join(f"{k} {v:,}" for k, v in record["skipped_tokens"].items())
     assert f"rolled back at step 5 to step 2: skipped 1,536 tokens ({skipped})" in realized_mix(run, {})
 
-    from train.report.runs import read_run  # the run report marks it (throughput and data mix figures)
+    from report.runs import read_run  # the run report marks it (throughput and data mix figures)
 
     assert ("rollback", 2) in [(r.cause, r.step) for r in read_run(run).restarts]
     # The load was beaten under its own phase: the checkpoint allowance, booked as rollbacks in goodput.

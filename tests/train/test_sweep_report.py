@@ -21,12 +21,12 @@ from rundir import COMPARISON_FILE, METRICS_FILE, MODEL_CONFIG_FILE, RECIPE_FILE
 from train import recipe as R
 from train.preference.loss import NEEDS_REFERENCE
 from train.preference.metrics import EVAL_ACCURACY, EVAL_LOSS
-from train.report.__main__ import main as report_main
-from train.report.comparable import TRAIN
-from train.report.runs import ReportError, read_run
-from train.report.scaling import fit_power_law, flops_per_token, recipe_flops
-from train.report.comparable import METRICS
-from train.report.sweep import SweepRun, compared_tokens, summarize, write_sweep_report
+from report.__main__ import main as report_main
+from report.comparable import TRAIN
+from report.runs import ReportError, read_run
+from report.scaling import fit_power_law, flops_per_token, recipe_flops
+from report.comparable import METRICS
+from report.sweep import SweepRun, compared_tokens, summarize, write_sweep_report
 
 SEQ, BATCH, STEPS = 64, 8, 10
 TINY = laneformer_configs["tiny"]()

@@ -223,8 +223,8 @@ def test_phase2_starts_from_phase1_weights(short_run, tmp_path):
 
     # the report draws each held-out set's validation across phase 1 into phase 2 on one token axis
     from train.metric_names import VAL_LOSS, per_set
-    from train.report import write_report
-    from train.report.page import embedded_data
+    from report import write_report
+    from report.page import embedded_data
 
     drawn = embedded_data(write_report([p1, tmp_path / "p2"], tmp_path / "report").read_text())["validation_sets"]
     end_of_phase1 = 20 * 8 * 64  # short(): 20 steps of 8 x 64 tokens

@@ -1,6 +1,6 @@
-"""The run writes its own report (``train.report``): after each in-loop eval and at the end.
+"""The run writes its own report (``report``): after each in-loop eval and at the end.
 
-Rank 0 runs ``python -m train.report RUN`` in a child process, so drawing never
+Rank 0 runs ``python -m report RUN`` in a child process, so drawing never
 holds up a step (the final one is waited for, so the end-of-run summary can
 point at it); a refresh still running when the next is due is not doubled. A
 report that fails is logged with its output (``report/refresh.log``) and training
@@ -73,7 +73,7 @@ class Report(Callback, Configurable):
             out.mkdir(parents=True, exist_ok=True)
             with open(out / rundir.REPORT_LOG, "w") as log:
                 self.child = subprocess.Popen(
-                    [sys.executable, "-m", "train.report", str(run)], stdout=log, stderr=subprocess.STDOUT,
+                    [sys.executable, "-m", "report", str(run)], stdout=log, stderr=subprocess.STDOUT,
                     cwd=rundir.REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
                     preexec_fn=killed_with_parent)  # no second writer in the run dir once this rank is gone
             if wait:
@@ -94,7 +94,7 @@ class Report(Callback, Configurable):
         log = rundir.report_dir(child.args[-1]) / rundir.REPORT_LOG
         if rc != 0:
             tail = log.read_text()[-2000:] if log.exists() else ""
-            logger.warning(f"report: python -m train.report failed (exit {rc}); training goes on. {log}:\n{tail}")
+            logger.warning(f"report: python -m report failed (exit {rc}); training goes on. {log}:\n{tail}")
         elif wait:
             logger.info(f"report: {rundir.report_dir(child.args[-1]) / rundir.REPORT_PAGE}")
         return rc

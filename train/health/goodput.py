@@ -24,7 +24,7 @@ times of each launch:
 - **productive**: time in the productive phases (data, forward/backward,
   optimizer, the per-step metrics and checks) minus the replayed steps'.
 
-Torch-free, in train's layer so that the report (train.report) can use it; ``launch.slurm
+Torch-free, in train's layer so that the report (report) can use it; ``launch.slurm
 status`` and the report print ``lines``.
 """
 

@@ -1,7 +1,7 @@
 """A sweep compared: every run at equal tokens on the sweep's metric, each variant against the baseline
 and seed noise.
 
-    python -m train.report runs/sweeps/NAME [--out DIR]     (a dir with launch.sweep's sweep.json)
+    python -m report runs/sweeps/NAME [--out DIR]     (a dir with launch.sweep's sweep.json)
 
 writes into the sweep dir (or ``--out``):
 
@@ -15,13 +15,13 @@ and prints the summary with the metric and the token count it compares at.
 
 The metric: the sweep file's ``metric`` (recorded in sweep.json), else held-out preference accuracy
 (``eval/pref_accuracy``) for preference runs and validation loss (``eval/val_loss``) for the others
-(train/report/comparable.py). Which way is better is the metric's: lower for a loss, higher for accuracy.
+(report/comparable.py). Which way is better is the metric's: lower for a loss, higher for accuracy.
 A metric on the scale of the run's own loss function (training loss, ``eval/pref_loss``) is compared
 only when every run's loss is on one scale: two preference runs of another loss type or another beta
 never are, and the report says why.
 
 Equal tokens: a run's token axis is its step x the tokens per step of its own ``recipe.toml``
-(``global_batch x seq_len``, train/report/runs.py), so variants of different batch or sequence
+(``global_batch x seq_len``, report/runs.py), so variants of different batch or sequence
 length line up. The compared token count is the largest one every run reached with the metric: the
 smallest of the runs' last token counts with it. Each run's value there is the one it logged at that
 token count, else the linear interpolation between the two logged points around it (said in ``at`` and
@@ -59,8 +59,8 @@ from rundir import COMPARISON_FILE, RECIPE_FILE, REPORT_PAGE, SUMMARY_FILE, SWEE
 from rundir.table import text_table
 from train.metric_names import VAL_BPB, VAL_LOSS
 from train.preference.metrics import EVAL_ACCURACY, EVAL_LOSS
-from train.report.comparable import METRICS, TRAIN, Metric, default_metric, is_preference, scale_difference
-from train.report.runs import ReportError, Run, read_run
+from report.comparable import METRICS, TRAIN, Metric, default_metric, is_preference, scale_difference
+from report.runs import ReportError, Run, read_run
 
 TPS = "throughput(tps)"  # torchtitan's name
 COLUMNS = {"train_loss": TRAIN, "val_loss": VAL_LOSS, "val_bpb": VAL_BPB, "pref_loss": EVAL_LOSS,
@@ -91,7 +91,7 @@ class Comparison:
 
 
 def read_sweep(folder: Path) -> tuple[dict, list[SweepRun], list[str]]:
-    """sweep.json and every run that has started (read with train.report.runs); notes name the others."""
+    """sweep.json and every run that has started (read with report.runs); notes name the others."""
     folder = Path(folder)
     try:
         record = json.loads((folder / SWEEP_FILE).read_text())
@@ -269,7 +269,7 @@ def sweep_metric(record: dict, runs: list[SweepRun]) -> Metric:
 def write_sweep_report(folder: Path, out: Path | None = None) -> tuple[Path, list[str]]:
     """comparison.csv, summary.csv and report.html in ``out`` (default: the sweep dir); returns the
     page and the lines to print (the summary, and the scaling fit when the sweep varies model size)."""
-    from train.report.scaling import scaling_lines
+    from report.scaling import scaling_lines
 
     folder = Path(folder)
     record, runs, notes = read_sweep(folder)
@@ -292,7 +292,7 @@ def write_sweep_report(folder: Path, out: Path | None = None) -> tuple[Path, lis
 
 
 def sweep_page(name: str, runs: list[SweepRun], c: Comparison, lines: list[str], out: Path) -> str:
-    from train.report.page import STYLE, data_script, figure_sections
+    from report.page import STYLE, data_script, figure_sections
 
     figures = sweep_figures(runs, out, c.metric)
     table = "<table><tr>" + "".join(f"<th>{f}</th>" for f in SUMMARY_FIELDS) + "</tr>" + "".join(
@@ -313,7 +313,7 @@ def sweep_page(name: str, runs: list[SweepRun], c: Comparison, lines: list[str],
 def sweep_figures(runs: list[SweepRun], out: Path, metric: Metric) -> list:
     """Training loss (smoothed), the compared metric where neither of the others is it, validation loss and
     CORE, every run coloured by its variant."""
-    from train.report.figures import Drawing, Figure, smooth, smoothing
+    from report.figures import Drawing, Figure, smooth, smoothing
 
     variants = list(dict.fromkeys(r.variant for r in runs))
     by_path = {r.run.path: r for r in runs}

@@ -1,6 +1,6 @@
-"""``python -m train.report RUN [RUN ...] [--out DIR] [--plan-gpu KIND --gpus N]``, or
-``python -m train.report SWEEP_DIR [--out DIR]`` for a sweep (launch.sweep's ``sweep.json``:
-comparison.csv, summary.csv and the page, train/report/sweep.py)."""
+"""``python -m report RUN [RUN ...] [--out DIR] [--plan-gpu KIND --gpus N]``, or
+``python -m report SWEEP_DIR [--out DIR]`` for a sweep (launch.sweep's ``sweep.json``:
+comparison.csv, summary.csv and the page, report/sweep.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 from rundir import SWEEP_FILE
-from train.report import ReportError, write_report
+from report import ReportError, write_report
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m train.report", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m report", description=__doc__)
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run dirs (several are overlaid), or one sweep dir")
     p.add_argument("--out", type=Path, help="where report.html and its PNGs go (default: RUN/report/, or the sweep dir)")
     p.add_argument("--plan-gpu", metavar="KIND", help="first trace the memory plan of each run's recipe on --gpus "
@@ -22,14 +22,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if len(args.runs) == 1 and (args.runs[0] / SWEEP_FILE).is_file():
-            from train.report.sweep import write_sweep_report  # with scipy (0.6 s): a run's report needs neither
+            from report.sweep import write_sweep_report  # with scipy (0.6 s): a run's report needs neither
 
             path, lines = write_sweep_report(args.runs[0], args.out)
             print("\n".join(lines))
             print(path)
             return 0
         if args.plan_gpu:
-            from train.report.memory import record_plan
+            from report.memory import record_plan
 
             for run in args.runs:
                 record_plan(run, args.plan_gpu, args.gpus)

@@ -12,7 +12,7 @@ recipe is checked before a job waits in a queue for 24 nodes:
 - ``replica``: what the replica check (train.health.consistency) costs a step;
 - ``report``: the text and JSON of ``--dry-run`` and ``--plan``, and the sweep.
 
-Names are imported from the submodules on first use, so ``train.plan.gpus``
+Names are imported from the submodules on first use, so ``plan.gpus``
 stays importable without torch.
 """
 
@@ -32,5 +32,5 @@ __all__ = sorted(_WHERE)
 
 def __getattr__(name: str):
     if name not in _WHERE:
-        raise AttributeError(f"module 'train.plan' has no attribute {name!r}")
+        raise AttributeError(f"module 'plan' has no attribute {name!r}")
     return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)

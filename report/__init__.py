@@ -1,7 +1,7 @@
 """A run at a glance: ``report.html`` and its PNGs, written from a run dir by the run itself
 (``train.callbacks.report``) or by hand::
 
-    python -m train.report RUN [RUN ...] [--out DIR] [--plan-gpu h100 --gpus N]
+    python -m report RUN [RUN ...] [--out DIR] [--plan-gpu h100 --gpus N]
 
 Several runs share the axes: their curves are overlaid, and a run that started
 from another listed run's checkpoint (phase 2 from phase 1) continues it along
@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rundir import REPORT_PAGE, report_dir
-from train.report.runs import ReportError, continue_runs, header, read_run
+from report.runs import ReportError, continue_runs, header, read_run
 
 __all__ = ["ReportError", "write_report"]
 
@@ -23,8 +23,8 @@ __all__ = ["ReportError", "write_report"]
 def write_report(runs: list[Path], out: Path | None = None) -> Path:
     """Read every run (ReportError names a file that cannot be read), then write the PNGs and
     ``report.html`` into ``out`` (default: the first run's ``report/``); returns the page's path."""
-    from train.report.figures import all_figures
-    from train.report.page import page
+    from report.figures import all_figures
+    from report.page import page
 
     read = [read_run(Path(r)) for r in runs]
     continue_runs(read)

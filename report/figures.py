@@ -19,7 +19,7 @@ from matplotlib.ticker import EngFormatter, FuncFormatter
 from rundir import PLAN_FILE
 from train.metric_names import VAL_BPB, VAL_LOSS, per_set
 from train.preference.metrics import EVAL_ACCURACY, REWARDS_ACCURACY, REWARDS_CHOSEN, REWARDS_MARGIN, REWARDS_REJECTED
-from train.report.runs import Run
+from report.runs import Run
 
 CAUSE_COLORS = {"preempted": "tab:orange", "crash": "tab:red", "stall": "tab:brown", "restart": "tab:gray",
                 "rollback": "tab:purple"}
@@ -181,7 +181,7 @@ def memory(runs: list[Run], out: Path) -> Figure:
                        label=d.label(run, f"plan: {peak:.1f} GiB on {p['gpus']} x {p['gpu']}"))
             d.figure.data[d.label(run, "plan")] = {"peak_gib": peak, "gpu": p["gpu"], "gpus": p["gpus"]}
         else:
-            notes.append(f"{run.name}: no memory plan in the run dir (python -m train.report {run.path} "
+            notes.append(f"{run.name}: no memory plan in the run dir (python -m report {run.path} "
                          f"--plan-gpu h100 --gpus N computes it once)")
     d.figure.note = "; ".join(notes)
     d.axis_labels(ax, "GiB")

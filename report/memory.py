@@ -1,9 +1,9 @@
 """The memory plan, drawn and recorded: the stacked bar of ``train.py --plan --plot FILE``,
 and ``<run>/plan.json``, the plan's peak that the report's memory figure draws against.
 
-The plan traces one step on fake tensors (``train.plan.memory``): seconds for a tiny
+The plan traces one step on fake tensors (``plan.memory``): seconds for a tiny
 model, minutes for the 2B. So the report never traces by itself: ``python -m
-train.report RUN --plan-gpu KIND --gpus N`` does it once and leaves ``plan.json``.
+report RUN --plan-gpu KIND --gpus N`` does it once and leaves ``plan.json``.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ PARTS = {
 
 
 def plan_parts(memory) -> dict[str, float]:
-    """GiB per part of a ``train.plan.Memory`` at its peak."""
+    """GiB per part of a ``plan.Memory`` at its peak."""
     return {name: sum(memory.parts.get(k, 0) for k in kinds) / GIB for name, kinds in PARTS.items()}
 
 
 def plot_memory(memory, path: Path, title: str = "") -> Figure:
     """A stacked bar of the plan's peak per GPU by part (``PARTS``), against the GPU's memory
     and the fraction a plan may use, saved to ``path``."""
-    from train.plan import FIT_FRACTION
+    from plan import FIT_FRACTION
 
     parts = plan_parts(memory)
     fig = Figure(figsize=(7, 5), layout="constrained")
@@ -62,7 +62,7 @@ def record_plan(run: Path, gpu: str, gpus: int) -> dict:
     """Trace the run's recipe on ``gpus`` GPUs of kind ``gpu`` and write ``<run>/plan.json``."""
     from train import recipe as R
     from train.build import model_config
-    from train.plan import GPUS, Shape, memory_plan
+    from plan import GPUS, Shape, memory_plan
 
     recipe = R.load(str(Path(run) / RECIPE_FILE))
     R.check_world(recipe, gpus)

@@ -11,8 +11,8 @@ import json
 import math
 from datetime import datetime, timezone
 
-from train.report.figures import Figure
-from train.report.runs import Run
+from report.figures import Figure
+from report.runs import Run
 
 STYLE = """
 body { font-family: sans-serif; margin: 1.5em; color: #222; max-width: 1100px; }
@@ -30,7 +30,7 @@ def page(runs: list[Run], headers: list[list[tuple[str, str]]], figures: list[Fi
     parts = [f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{html.escape(names)}</title>",
              f"<style>{STYLE}</style></head><body>", f"<h1>{html.escape(names)}</h1>",
              f"<p class='note'>written {datetime.now(timezone.utc).isoformat(timespec='seconds')} by "
-             f"<code>python -m train.report</code></p>"]
+             f"<code>python -m report</code></p>"]
     for run, head in zip(runs, headers):
         parts.append(f"<h2>{html.escape(run.name)} <span class='note'>{html.escape(str(run.path))}</span></h2>")
         parts.append("<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
