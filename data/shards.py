@@ -13,6 +13,10 @@ Documents are framed ``<s> text </s>`` (data.tokenizer.FRAMING). Everything here
 reads through numpy memmaps, and every check raises an error naming the file, so
 a bad shard fails at startup and not hours into a run.
 
+The manifest also counts the documents of at least 4k, 8k, 16k and 32k tokens and their
+tokens (``long_documents``): packed samples of a long context are only as long-range as
+the documents in them, so a mix meant for a 16k phase must hold documents that long.
+
 The manifest records a BLAKE2b checksum of every .ds, .ds.index (and .ds.loss) file
 (hashlib: the standard library has it, datatrove brings no faster hash).
 Training only checks sizes at open, which is instant; ``python -m data.verify``
@@ -35,6 +39,9 @@ LOGS_DIR = "logs"  # datatrove's logging dir in a tokenized source's dir (its st
 FORMAT = "laneformer-tokens/1"
 _FRAMING_PROBES = 1024  # documents per shard whose BOS/EOS framing is checked
 _CHUNK = 1 << 22
+# Document lengths the manifest counts (long_documents): Laneformer's trained context (4,096, spec section 1)
+# and the lengths a long-context phase extends it to (issue 44: 16k, then 32k).
+LONG_DOCUMENTS = (4096, 8192, 16384, 32768)
 _HASH_BLOCK = 1 << 24
 
 
@@ -193,15 +200,31 @@ def open_source(directory: str | Path, expected_fingerprint: str | None = None,
     return source
 
 
+def long_documents(shards: list[Shard]) -> dict[str, dict[str, int]]:
+    """``{"4096": {"documents", "tokens"}, ...}``: how many documents have at least each of LONG_DOCUMENTS
+    tokens, and how many tokens those documents hold (read from the indexes, in chunks)."""
+    counts = {str(n): {"documents": 0, "tokens": 0} for n in LONG_DOCUMENTS}
+    for shard in shards:
+        for lo in range(0, shard.num_documents, _CHUNK):
+            ends = np.asarray(shard.doc_ends[max(lo - 1, 0) : lo + _CHUNK], dtype=np.int64)
+            lens = np.diff(ends, prepend=0) if lo == 0 else np.diff(ends)
+            for n in LONG_DOCUMENTS:
+                long = lens[lens >= n]
+                counts[str(n)]["documents"] += len(long)
+                counts[str(n)]["tokens"] += int(long.sum())
+    return counts
+
+
 def write_manifest(directory: str | Path, tokenizer: dict, input_description: dict, extra: dict | None = None) -> dict:
     """Scan the shards in directory, check them, and write manifest.json (returned).
 
     tokenizer: {"path", "fingerprint", "vocab_size", "bos_id", "eos_id"}; the
-    framing is added here, since only data.tokenize writes shards.
+    framing is added here, since only data.tokenize writes shards. ``extra``'s keys
+    are added; ``long_documents`` is counted again whatever ``extra`` carries.
     """
     directory = Path(directory)
     token_size = 2 if tokenizer["vocab_size"] <= 65536 else 4
-    entries, n_tokens, n_docs = [], 0, 0
+    entries, n_tokens, n_docs, shards = [], 0, 0, []
     paths = sorted(directory.glob("*.ds"))
     has_loss = {Path(f"{p}.loss").is_file() for p in paths}
     if len(has_loss) > 1:
@@ -215,6 +238,7 @@ def write_manifest(directory: str | Path, tokenizer: dict, input_description: di
                         **({"loss_blake2b": checksum(Path(f"{path}.loss"))} if loss else {})})
         n_tokens += shard.num_tokens
         n_docs += shard.num_documents
+        shards.append(shard)
     manifest = {
         "format": FORMAT,
         "tokenizer": {**tokenizer, "framing": FRAMING},
@@ -226,6 +250,7 @@ def write_manifest(directory: str | Path, tokenizer: dict, input_description: di
         "shards": entries,
         "input": input_description,
         **(extra or {}),
+        "long_documents": long_documents(shards),  # after extra: a rewrite (data.holdout) carries the old one
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

@@ -3,13 +3,14 @@
     python -m data.tokenize --input <hub id | dir | glob of jsonl/parquet> --text-key text \
         --tokenizer assets/tokenizer/tokenizer.model --out <dir> [--tasks N --workers N]
         [--subset C --split S --revision SHA --exclude COLUMN=VALUE ... --holdout FRACTION|COUNT]
+        [--min-doc-tokens N] [--concat-by REPO_COLUMN --concat-order PATH_COLUMN]
         [--slurm --partition P --time 12:00:00 --cpus 2 --mem-per-cpu 2 --qos ""]
     python -m train.data tokenize --recipe phase1 --source web-high [...]   # a recipe's source
 
 One run tokenizes one source into one directory (read by data.shards /
 data.mixture). The pipeline is datatrove's: a reader matched to the input
 (JsonlReader / ParquetReader split the files across tasks;
-HuggingFaceDatasetReader for a hub id), then DocumentTokenizer with the
+HuggingFaceDatasetReader for a hub id), then datatrove's DocumentTokenizer with the
 `tokenizers` twin of the SentencePiece model (data.hf_tokenizer) and the framing
 ``<s> text </s>`` (data.tokenizer). Documents are not shuffled here: the mixture
 loader permutes documents itself, per epoch.
@@ -27,6 +28,22 @@ count. A Hub dataset (or a local copy made by data.download, read through its
 card the same way) is described in the manifest by hub id, subset, split and
 revision.
 
+Long documents, for a long-context phase: ``--min-doc-tokens N`` keeps only
+documents of at least N tokens (framing included), the others counted in the
+manifest (``min_doc_tokens``). ``--concat-by COLUMN --concat-order PATH`` makes one
+document of each repository of a code source, as ProLong (arXiv 2410.02660) trains
+on code (its ``thestackv1_concat_by_repo`` data, princeton-nlp/prolong-data-64K;
+The Stack's columns are ``max_stars_repo_name`` and ``max_stars_repo_path``): the
+rows with one value of COLUMN, sorted by PATH, each after a line with its path
+(DeepSeek-Coder, arXiv 2401.14196 section 2.2, adds the path the same way), a blank
+line between files. A repository's files can sit anywhere in the input, so this
+runs in two stages of ``--tasks`` tasks: the rows go to one bucket per task by a
+hash of their repository (``<out>/logs/repositories``: a copy of the rows, kept so
+that a rerun task reads them again), then each task joins the repositories of its
+bucket in memory (about the source's size / tasks) and tokenizes them. Rows
+without COLUMN are counted, not written. Every manifest counts its documents of at
+least 4k to 32k tokens (data.shards).
+
 Reruns are cheap and safe: the datatrove logging dir is <out>/logs, so finished
 tasks are skipped; never change --tasks between reruns. With --slurm the
 manifest is written by a 1-task job that depends on the tokenization array;
@@ -38,12 +55,17 @@ from __future__ import annotations
 
 import argparse
 import glob as globlib
+import hashlib
 import json
 import sys
+from collections import Counter, defaultdict
 from pathlib import Path
 
+from datatrove.data import Document
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.filters.base_filter import BaseFilter
+from datatrove.pipeline.tokens.tokenizer import DocumentTokenizer, TokenizedFile
+from datatrove.utils.batching import batched
 
 from data import decontaminate as decont
 from data.hf_tokenizer import PROBE_TEXTS, build_fast_tokenizer, document_post_processor
@@ -54,6 +76,7 @@ from data.tokenizer import Tokenizer
 from rundir import REPO
 
 BATCH_SIZE = 500  # 10,000 (datatrove's default) peaked at 3.2 GB RSS; SLURM often gives 2 GB/CPU
+REPOSITORIES = "repositories"  # --concat-by's first stage, under LOGS_DIR: its logs and its buckets of rows
 _JSONL = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst")
 
 
@@ -126,14 +149,92 @@ def prepare_tokenizer(model_path: Path | None, out: Path) -> tuple[Tokenizer, Pa
     return sp, path
 
 
-def tokenizer_step(tokenizer_json: Path, out: Path, sp: Tokenizer):
-    from datatrove.pipeline.tokens import DocumentTokenizer
+class TextTokenizer(DocumentTokenizer):
+    """datatrove's DocumentTokenizer (unshuffled, indexed) writing only documents of at least ``min_doc_tokens``
+    tokens; the others are counted in its stats (``short_documents``, ``short_tokens``)."""
 
-    step = DocumentTokenizer(str(out), tokenizer_name_or_path=str(tokenizer_json), batch_size=BATCH_SIZE,
-                             shuffle_documents=False, save_index=True, save_final_metadata=True)
-    # The base class applies post_processor in place of its EOS-only template: <s> text </s>.
-    step.post_processor = document_post_processor(bos_id=sp.bos_id, eos_id=sp.eos_id)
-    return step
+    name = "✍️ Text tokenizer"
+
+    def __init__(self, out: str, tokenizer_json: str, sp: Tokenizer, min_doc_tokens: int = 0):
+        super().__init__(out, tokenizer_name_or_path=tokenizer_json, batch_size=BATCH_SIZE, shuffle_documents=False,
+                         save_index=True, save_final_metadata=True)
+        # The base class applies post_processor in place of its EOS-only template: <s> text </s>.
+        self.post_processor = document_post_processor(bos_id=sp.bos_id, eos_id=sp.eos_id)
+        self.min_doc_tokens = min_doc_tokens
+
+    def write_unshuffled(self, data, filename: str):
+        out = TokenizedFile(self.output_folder, filename, save_index=True, upload_block_size=self.upload_block_size,
+                            tokenizer_name_or_path=self.tokenizer_name_or_path,
+                            save_final_metadata=self.save_final_metadata, token_size=self.token_size)
+        for batch in batched(data, self.batch_size):
+            with self.track_time(unit="batch"):
+                for encoded in self.tokenizer.encode_batch([document.text for document in batch]):
+                    if len(encoded.ids) < self.min_doc_tokens:
+                        self.stat_update("short_documents")
+                        self.stat_update("short_tokens", value=len(encoded.ids))
+                        continue
+                    out.write(encoded.ids, None)
+                    self.stat_update("tokens", value=len(encoded.ids))
+        out.close()
+        return out
+
+
+def repository_bucket(repository: str, buckets: int) -> int:
+    """The bucket of a repository: a hash that every task and every rerun computes alike (not ``hash``)."""
+    return int.from_bytes(hashlib.blake2b(repository.encode(), digest_size=8).digest(), "little") % buckets
+
+
+class BucketRepositories(PipelineStep):
+    """--concat-by, stage 1: each row to the bucket of its repository, ``<folder>/<bucket>/<task>.jsonl.gz``
+    (a rerun of a task rewrites its own files); rows without the column are counted (``without_column``)."""
+
+    name = "🗂️ Bucket repositories"
+    type = "📝 - WRITER"
+
+    def __init__(self, folder: str, column: str, buckets: int):
+        super().__init__()
+        self.folder, self.column, self.buckets = folder, column, buckets
+
+    def run(self, data, rank: int = 0, world_size: int = 1):
+        from datatrove.pipeline.writers import JsonlWriter
+
+        with JsonlWriter(self.folder, output_filename="${bucket}/${rank}.jsonl.gz") as writer:
+            for document in data:
+                repository = document.metadata.get(self.column)
+                if repository is None:
+                    self.stat_update("without_column")
+                    continue
+                document.metadata["bucket"] = f"{repository_bucket(str(repository), self.buckets):05d}"
+                writer.write(document, rank)
+                self.stat_update("files")
+        return iter(())
+
+
+class ConcatRepositories(PipelineStep):
+    """--concat-by, stage 2: task ``r`` reads bucket ``r`` and yields one document per repository, its files
+    sorted by the ``order`` column (then by row id: the same input gives the same documents)."""
+
+    name = "🔗 Concatenate repositories"
+    type = "🔻 - READER"
+
+    def __init__(self, folder: str, column: str, order: str):
+        super().__init__()
+        self.folder, self.column, self.order = folder, column, order
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        from datatrove.io import get_datafolder
+        from datatrove.pipeline.readers import JsonlReader
+
+        bucket = f"{rank:05d}"
+        files = defaultdict(list)
+        if get_datafolder(self.folder).isdir(bucket):
+            for document in JsonlReader(f"{self.folder}/{bucket}", glob_pattern="*.jsonl.gz").run():
+                path = str(document.metadata.get(self.order, ""))
+                files[str(document.metadata[self.column])].append((path, document.id, document.text))
+        for repository in sorted(files):
+            text = "\n\n".join(f"{path}\n{text}" for path, _, text in sorted(files[repository]))
+            self.stat_update("repositories")
+            yield Document(text=text, id=repository, metadata={self.column: repository})
 
 
 class ExcludeRows(BaseFilter):
@@ -149,15 +250,20 @@ class ExcludeRows(BaseFilter):
         return not any(doc.metadata.get(column) in values for column, values in self.exclude.items())
 
 
+def step_stats(out: Path, step: type[PipelineStep]) -> Counter:
+    """A pipeline step's counters summed over the tasks' datatrove stats (both stages of --concat-by)."""
+    total: Counter = Counter()
+    for path in (out / LOGS_DIR).glob("**/stats/*.json"):
+        for entry in json.loads(path.read_text()):
+            if entry.get("name", "").endswith(step.name):
+                total.update({k: v["total"] if isinstance(v, dict) else v for k, v in entry.get("stats", {}).items()})
+    return total
+
+
 def excluded_rows(out: Path) -> int:
     """Rows ExcludeRows dropped, summed over the tasks' datatrove stats."""
-    dropped = 0
-    for path in (out / LOGS_DIR / "stats").glob("*.json"):
-        for step in json.loads(path.read_text()):
-            if step.get("name", "").endswith(ExcludeRows.name):
-                stats = step.get("stats", {})
-                dropped += int(stats.get("total", 0)) - int(stats.get("forwarded", 0))
-    return dropped
+    stats = step_stats(out, ExcludeRows)
+    return int(stats["total"] - stats["forwarded"])
 
 
 class WriteManifest(PipelineStep):
@@ -204,13 +310,17 @@ def input_columns(description: dict) -> list[str] | None:
 def empty_tokenization(out: Path, description: dict) -> EmptyTokenization:
     """The error for a tokenization that wrote no document, naming the key and the input's columns.
     Its task completions are cleared, so the corrected command tokenizes again instead of skipping."""
-    for done in (out / LOGS_DIR / "completions").glob("*"):
+    for done in (out / LOGS_DIR).glob("**/completions/*"):  # --concat-by's first stage too
         done.unlink()
     key = ("--chat-key", description["chat_key"]) if description.get("chat_key") else \
         ("--text-key", description.get("text_key", "text"))
     columns = input_columns(description)
     has = f"its rows have the columns {columns}" if columns else "see the dataset's card for its columns"
-    excluded = " (or --exclude dropped every row)" if description.get("exclude") else ""
+    reasons = {"exclude": "--exclude dropped every row",
+               "concat_by": f"no row has --concat-by's column {description.get('concat_by')!r}",
+               "min_doc_tokens": f"no document has {description.get('min_doc_tokens')} tokens"}
+    causes = [why for option, why in reasons.items() if description.get(option)]
+    excluded = f" (or {'; or '.join(causes)})" if causes else ""
     if description.get("pairs"):  # every row refused: say why, by reason
         from data.chat_tokenize import logged
 
@@ -236,6 +346,16 @@ def finish(out: Path, tokenizer: dict, description: dict, tasks: int, holdout: f
     extra = {"tasks": tasks, "datatrove_version": version("datatrove")}
     if description.get("exclude"):
         extra["excluded_rows"] = excluded_rows(out)
+    if description.get("concat_by"):
+        rows, joined = step_stats(out, BucketRepositories), step_stats(out, ConcatRepositories)
+        extra["concat"] = {"by": description["concat_by"], "order": description["concat_order"],
+                           "files": int(rows["files"]), "rows_without_column": int(rows["without_column"]),
+                           "repositories": int(joined["repositories"])}
+    if description.get("min_doc_tokens"):
+        short = step_stats(out, TextTokenizer)
+        extra["min_doc_tokens"] = {"min": description["min_doc_tokens"],
+                                   "dropped_documents": int(short["short_documents"]),
+                                   "dropped_tokens": int(short["short_tokens"])}
     if description.get("chat_key"):  # conversations: template and refused ones (data.chat_tokenize)
         from data.chat_tokenize import chat_summary
 
@@ -260,15 +380,21 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
         chat_template: str | None = None, hub: bool = False, revision: str | None = None,
         exclude: dict[str, list[str]] | None = None, pairs: bool = False, seq_len: int | None = None,
         holdout: float | int | None = None, decontaminate: list[str] | None = None,
-        evalplus_data: str | None = None, core_bundle: str | None = None) -> dict | None:
+        evalplus_data: str | None = None, core_bundle: str | None = None, min_doc_tokens: int | None = None,
+        concat_by: str | None = None, concat_order: str | None = None) -> dict | None:
     """Tokenize input_spec into out; returns the manifest (None when submitted to SLURM).
     ``holdout``: a fraction or a document count held out into ``out/heldout`` (data.holdout).
     ``hub``: input_spec is a ``datasets.load_dataset`` name (a Hub id, or a local dataset dir);
     ``description``: what the manifest records as the input (default: what was read);
     ``pairs``: preference pairs (data.pairs), refusing a pair with a side over ``seq_len`` tokens;
-    ``decontaminate``: benchmarks whose n-grams drop documents (data.decontaminate)."""
+    ``decontaminate``: benchmarks whose n-grams drop documents (data.decontaminate);
+    ``min_doc_tokens``, ``concat_by`` and ``concat_order``: long documents (the module docstring)."""
     if pairs and chat_key:
         raise ValueError("give --pairs or --chat-key, not both (pairs are read from prompt/chosen/rejected)")
+    if (min_doc_tokens or concat_by) and (pairs or chat_key):
+        raise ValueError("--min-doc-tokens and --concat-by are for text sources, not --chat-key or --pairs")
+    if (concat_by is None) != (concat_order is None):
+        raise ValueError("give --concat-by and --concat-order together (a repository's files need an order)")
     out = Path(out).resolve()
     source = {"kind": "hub", "dataset": input_spec, "split": split, "subset": subset, "revision": revision} \
         if hub or revision else describe_input(input_spec, split, subset)
@@ -279,6 +405,10 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
         desc = {**desc, "pairs": True, "chat_template": chat_template, "seq_len": seq_len}
     if exclude:
         desc = {**desc, "exclude": exclude}
+    if min_doc_tokens:
+        desc = {**desc, "min_doc_tokens": min_doc_tokens}
+    if concat_by:
+        desc = {**desc, "concat_by": concat_by, "concat_order": concat_order}
     if manifest_only:
         return finish(out, tokenizer_info(Tokenizer(tokenizer)), desc, tasks, holdout)
     out.mkdir(parents=True, exist_ok=True)
@@ -295,18 +425,27 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
         pipeline = [make_reader(source, "chosen", limit, streaming, adapter=pair_adapter),
                     PairTokenizer(str(out), str(tok_json), str(sp.path), chat_template, BATCH_SIZE, seq_len)]
     else:
-        pipeline = [make_reader(source, text_key, limit, streaming), tokenizer_step(tok_json, out, sp)]
+        pipeline = [make_reader(source, text_key, limit, streaming),
+                    TextTokenizer(str(out), str(tok_json), sp, min_doc_tokens or 0)]
+    # (steps, logging dir) run one after the other; with --concat-by, rows are bucketed by repository first
+    stages = [(pipeline, out / LOGS_DIR)]
+    if concat_by:
+        buckets = str(out / LOGS_DIR / REPOSITORIES / "rows")
+        stages = [([pipeline[0], BucketRepositories(buckets, concat_by, tasks)], out / LOGS_DIR / REPOSITORIES),
+                  ([ConcatRepositories(buckets, concat_by, concat_order), pipeline[1]], out / LOGS_DIR)]
+    rows = stages[0][0]  # the steps that see the input's rows
     if exclude:
-        pipeline.insert(1, ExcludeRows(exclude))
+        rows.insert(1, ExcludeRows(exclude))
     if decontaminate:  # after the reader (and --exclude): datatrove's n-gram filter, drops counted per benchmark
         kind = "chat" if chat_key else "pairs" if pairs else None  # JSON documents: matched on their messages
-        pipeline.insert(-1, decont.prepare(out, decontaminate, evalplus_data, core_bundle, kind))
+        rows.insert(-1, decont.prepare(out, decontaminate, evalplus_data, core_bundle, kind))
     else:
         decont.check_rerun(out)
     if slurm is None:
         from datatrove.executor import LocalPipelineExecutor
 
-        LocalPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=str(out / LOGS_DIR)).run()
+        for steps, logs in stages:
+            LocalPipelineExecutor(steps, tasks=tasks, workers=workers, logging_dir=str(logs)).run()
         return finish(out, tok_info, desc, tasks, holdout)
     from datatrove.executor import SlurmPipelineExecutor
 
@@ -314,8 +453,10 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
     env = f"export PATH={Path(sys.executable).parent}:$PATH PYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}}"
     common = dict(partition=slurm["partition"], time=slurm["time"], qos=slurm.get("qos", ""), env_command=env,
                   mem_per_cpu_gb=slurm.get("mem_per_cpu", 2), sbatch_args=slurm.get("sbatch_args") or {})
-    tok_exec = SlurmPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=str(out / LOGS_DIR),
-                                     cpus_per_task=slurm.get("cpus", 1), job_name=f"tok_{out.name}", **common)
+    tok_exec = None
+    for steps, logs in stages:
+        tok_exec = SlurmPipelineExecutor(steps, tasks=tasks, workers=workers, logging_dir=str(logs), depends=tok_exec,
+                                         cpus_per_task=slurm.get("cpus", 1), job_name=f"tok_{out.name}", **common)
     SlurmPipelineExecutor([WriteManifest(str(out), tok_info, desc, tasks, holdout)], tasks=1, depends=tok_exec,
                           logging_dir=str(out / "logs_manifest"), job_name=f"manifest_{out.name}", **common).run()
     return None
@@ -377,6 +518,15 @@ def run_and_report(a: argparse.Namespace, p: argparse.ArgumentParser, **kwargs) 
                   f"{manifest[PAIRS]['rejected'] or 'none'}")
         if "excluded_rows" in manifest:
             print(f"rows excluded by {manifest['input']['exclude']}: {manifest['excluded_rows']}")
+        if "concat" in manifest:
+            c = manifest["concat"]
+            print(f"{c['files']} files joined into {c['repositories']} repositories by {c['by']!r} in {c['order']!r} "
+                  f"order; rows without {c['by']!r}: {c['rows_without_column']}")
+        if "min_doc_tokens" in manifest:
+            m = manifest["min_doc_tokens"]
+            print(f"documents under {m['min']} tokens dropped: {m['dropped_documents']} ({m['dropped_tokens']} tokens)")
+        print("tokens in documents of at least " + ", ".join(
+            f"{int(n) // 1024}k: {c['tokens']}" for n, c in manifest["long_documents"].items()))
         if "holdout" in manifest:
             print(describe(Path(a.out), manifest["holdout"]))
         if "decontamination" in manifest:
@@ -406,17 +556,28 @@ def main(argv: list[str] | None = None) -> None:
                    "documents into OUT/heldout, chosen by a hash of each document (data.holdout)")
     p.add_argument("--decontaminate", metavar="humaneval,mbpp[,core]",
                    help="drop documents sharing an n-gram with these benchmarks (data.decontaminate)")
+    p.add_argument("--min-doc-tokens", type=int, help="keep only documents of at least this many tokens "
+                   "(framing included); the others are counted in the manifest")
+    p.add_argument("--concat-by", metavar="COLUMN", help="one document per value of COLUMN (a code source's "
+                   "repository), its rows in --concat-order order")
+    p.add_argument("--concat-order", metavar="COLUMN", help="with --concat-by: the column (file path) that orders "
+                   "a repository's rows")
     add_run_options(p)
     a = p.parse_args(argv)
     if a.pairs and a.chat_key:
         p.error("give --pairs or --chat-key, not both (pairs are read from prompt/chosen/rejected)")
     if a.seq_len is not None and not a.pairs:
         p.error("--seq-len is for --pairs")
+    if (a.min_doc_tokens or a.concat_by) and (a.pairs or a.chat_key):
+        p.error("--min-doc-tokens and --concat-by are for text sources, not --chat-key or --pairs")
+    if (a.concat_by is None) != (a.concat_order is None):
+        p.error("give --concat-by and --concat-order together (a repository's files need an order)")
     try:
         run_and_report(a, p, input_spec=a.input, tokenizer=a.tokenizer, text_key=a.text_key, split=a.split,
                        subset=a.subset, revision=a.revision, chat_key=a.chat_key, chat_template=a.chat_template,
                        exclude=parse_exclude(a.exclude, p), pairs=a.pairs, seq_len=a.seq_len, holdout=a.holdout,
-                       decontaminate=decont.parse_benchmarks(a.decontaminate) if a.decontaminate else None)
+                       decontaminate=decont.parse_benchmarks(a.decontaminate) if a.decontaminate else None,
+                       min_doc_tokens=a.min_doc_tokens, concat_by=a.concat_by, concat_order=a.concat_order)
     except (EmptyTokenization, FileNotFoundError, HoldoutError, decont.DecontaminationError) as e:
         p.exit(2, f"error: {e}\n")
 

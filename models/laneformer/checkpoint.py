@@ -28,6 +28,8 @@ import rundir
 if TYPE_CHECKING:
     import torch
 
+    from data.tokenizer import HFTokenizer, Tokenizer
+
     from .model import Laneformer
 
 # The lane-batched weights, [L, out, in] in the released layout; everything else is replicated.
@@ -57,7 +59,13 @@ class Checkpoint:
     @property
     def folder(self) -> Path:
         """Where the weights and any files shipped with them (tokenizer, template) are."""
-        return self.path if self.kind == "hf" else self.step_dir
+        return self.path if self.kind == "hf" else self.dcp_dir
+
+    @property
+    def dcp_dir(self) -> Path:
+        """The DCP step dir, which a "step" or "run" checkpoint has."""
+        assert self.step_dir is not None, f"{self.path}: an HF folder has no DCP step"
+        return self.step_dir
 
     def model_config(self, flavor: str | None = None, overrides: dict | None = None) -> Laneformer.Config:
         """An HF folder's ``config.json`` (read as the release it is, ``kog_releases``); for DCP
@@ -79,7 +87,7 @@ class Checkpoint:
             if flavor not in laneformer_configs:
                 raise ValueError(f"unknown flavor {flavor!r}; known: {sorted(laneformer_configs)}")
             return dataclasses.replace(laneformer_configs[flavor](), **overrides)
-        places = [self.step_dir] + ([self.run_dir] if self.run_dir else [])
+        places = [self.dcp_dir] + ([self.run_dir] if self.run_dir else [])
         for folder in places:
             if (folder / rundir.MODEL_CONFIG_FILE).exists():
                 return read_native_config(folder / rundir.MODEL_CONFIG_FILE, overrides)
@@ -98,11 +106,11 @@ class Checkpoint:
 
         from .hf.export import TOKENIZER_FILES
 
-        if self.kind == "hf" or any((self.step_dir / name).is_file() for name in TOKENIZER_FILES):
+        if self.kind == "hf" or any((self.dcp_dir / name).is_file() for name in TOKENIZER_FILES):
             return self.folder, []
         run = self.run_dir
         recipe_file = run / rundir.RECIPE_FILE if run else rundir.RECIPE_FILE
-        recipe = run and rundir.recorded_recipe(run)
+        recipe = rundir.recorded_recipe(run) if run else None
         if recipe is None:
             raise FileNotFoundError(f"{self.step_dir}: no tokenizer files and no {recipe_file} naming one; "
                                     "pass --tokenizer DIR")
@@ -128,7 +136,7 @@ class Checkpoint:
         notes.insert(0, f"tokenizer {model} (from {recipe_file}; fingerprint matches {checked} data manifest(s))")
         return model, notes
 
-    def open_tokenizer(self, override: str | Path | None, vocab_size: int) -> tuple[object, list[str]]:
+    def open_tokenizer(self, override: str | Path | None, vocab_size: int) -> tuple[Tokenizer | HFTokenizer, list[str]]:
         """(the tokenizer to use with this checkpoint, notes on where it came from).
 
         ``override`` (``--tokenizer``) if given, else the checkpoint's own (``tokenizer``), never a
@@ -164,7 +172,7 @@ class Checkpoint:
         if self.kind != "hf":
             from .hf.checkpoint_io import load_dcp
 
-            full = load_dcp(self.step_dir, config)
+            full = load_dcp(self.dcp_dir, config)
             if lanes is None:
                 return full
             return {k: v[cut].clone() if LANE_WEIGHT.fullmatch(k) else v for k, v in full.items()}

@@ -52,12 +52,9 @@ def to_hf_command(args) -> None:
     checkpoint = open_checkpoint(args.source)
     if checkpoint.kind == "hf":
         raise ValueError(f"{args.source}: already a Hugging Face export (to-hf reads a run dir or a DCP step dir)")
-    step = checkpoint.step_dir
+    step = checkpoint.dcp_dir
     config = checkpoint.model_config(args.flavor, parse_overrides(args.set))
-    if args.tokenizer:
-        tokenizer, notes = Path(args.tokenizer), []
-    else:
-        tokenizer, notes = checkpoint.tokenizer()
+    tokenizer, notes = (Path(args.tokenizer), []) if args.tokenizer else checkpoint.tokenizer()
     template = args.chat_template or checkpoint.chat_template()
     resolve_template(template)  # a bad --chat-template fails before the weights are read
     notes.append(f"chat template: {template} (from {'--chat-template' if args.chat_template else 'the checkpoint'})"

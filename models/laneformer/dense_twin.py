@@ -15,10 +15,10 @@ def llama3_twin(lane_config):
     """torchtitan's own llama3 at the Laneformer's depth, width, heads, MLP and vocab.
 
     Untied embeddings and one norm weight per layer norm, as Laneformer, so the
-    parameter counts are equal (checked by the callers). Same RoPE (complex,
-    theta), same inner attention kernel.
+    parameter counts are equal (checked by the callers). Same RoPE per layer
+    (``rope_of``), same inner attention kernel.
     """
-    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.common import Embedding, Linear, RMSNorm
     from torchtitan.models.common.config_utils import make_ffn_config, make_gqa_config
     from torchtitan.models.llama3 import Llama3Model
     from torchtitan.models.llama3.model import Llama3TransformerBlock
@@ -28,20 +28,19 @@ def llama3_twin(lane_config):
         raise ValueError("the dense twin needs n_heads * head_dim == dim")
     init = {"weight": lambda w: torch.nn.init.trunc_normal_(w, std=0.02)}
     ones = {"weight": torch.nn.init.ones_}
-    rope = ComplexRoPE.Config(dim=c.head_dim, max_seq_len=c.max_seq_len, theta=c.rope_theta)
     layers = [
         Llama3TransformerBlock.Config(
             attention_norm=RMSNorm.Config(normalized_shape=c.dim, eps=c.norm_eps, param_init=ones),
             ffn_norm=RMSNorm.Config(normalized_shape=c.dim, eps=c.norm_eps, param_init=ones),
             attention=make_gqa_config(
                 dim=c.dim, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, wqkv_param_init=init,
-                wo_param_init=init, inner_attention=c.inner_attention, fuse_qkv=True, rope=rope,
+                wo_param_init=init, inner_attention=c.inner_attention, fuse_qkv=True, rope=c.rope_of(i),
             ),
             feed_forward=make_ffn_config(
                 dim=c.dim, hidden_dim=c.ffn_hidden_dim, w1_param_init=init, w2w3_param_init=init
             ),
         )
-        for _ in range(c.n_layers)
+        for i in range(c.n_layers)
     ]
     return Llama3Model.Config(
         dim=c.dim,

@@ -104,7 +104,7 @@ class _Sent:
     """A sub-block's send: the (being) reduced sum over lanes, the collective, this rank's own outputs."""
 
     total: torch.Tensor
-    work: object | None
+    work: dist.Work | None
     own: torch.Tensor
 
 
@@ -116,8 +116,6 @@ class LaneDecoder:
 
     def __init__(self, config: Laneformer.Config, weights: dict[str, torch.Tensor], lanes: range,
                  device: torch.device, dtype: torch.dtype = torch.float32, group=None):
-        from torchtitan.models.common import ComplexRoPE
-
         self.cfg, self.lanes, self.group, self.device, self.dtype = config, lanes, group, device, dtype
         self.L, n = config.n_lanes, len(lanes)
         self.heads, self.kv_heads = config.n_heads * n // self.L, config.n_kv_heads * n // self.L
@@ -126,8 +124,7 @@ class LaneDecoder:
             if LANE_WEIGHT.fullmatch(name) and t.shape[0] != n:
                 raise ValueError(f"{name}: holds {t.shape[0]} lanes, this rank owns {n} ({lanes})")
         with torch.device(device):
-            self.rope = ComplexRoPE.Config(dim=config.head_dim, max_seq_len=config.max_seq_len,
-                                           theta=config.rope_theta).build()
+            self.ropes = [config.rope_of(i).build() for i in range(config.n_layers)]
         self.timed_sync = False  # CUDA: synchronise around waits, to time them (a separate pass)
         self.wait_s = 0.0
         self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -194,7 +191,7 @@ class LaneDecoder:
         k = lane_linear(x, self.w[p + "wk.weight"]).reshape(B, S, self.kv_heads, hd)
         v = lane_linear(x, self.w[p + "wv.weight"]).reshape(B, S, self.kv_heads, hd)
         positions = torch.arange(start, start + S, device=self.device).unsqueeze(0)
-        q, k = self.rope(q, k, positions)
+        q, k = self.ropes[i](q, k, positions)
         k_cache, v_cache = self.cache[i]
         k_cache[:, :, start:start + S] = k.transpose(1, 2)
         v_cache[:, :, start:start + S] = v.transpose(1, 2)
@@ -205,7 +202,8 @@ class LaneDecoder:
         if window:
             mask = mask & (q_pos - k_pos < window)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k_cache[:, :, :end], v_cache[:, :, :end],
-                                             attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+                                             attn_mask=mask, scale=self.cfg.softmax_scale_of(i),
+                                             enable_gqa=self.heads != self.kv_heads)
         return lane_linear(out.transpose(1, 2).reshape(B, S, n, -1), self.w[p + "wo.weight"])
 
     def _mlp(self, i: int, x):
@@ -219,7 +217,7 @@ class LaneDecoder:
         cfg = self.cfg
         h = F.embedding(tokens, self.w["tok_embeddings.weight"])
         x = h.unsqueeze(2).expand(-1, -1, len(self.lanes), -1)
-        in_flight: dict[int, tuple[_Sent | None, _Sent | None]] = {}
+        in_flight: dict[int, tuple[_Sent, _Sent]] = {}  # a layer's two sends, when it sends
         for i in range(cfg.n_layers):
             reduce, sends = cfg.exchange_of(i)
             arrival = in_flight.pop(i - cfg.delay, (None, None)) if cfg.delay else (None, None)

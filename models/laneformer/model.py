@@ -51,11 +51,21 @@ Per-layer attention windows: layers in ``window_layers`` attend within
 ``window_size`` tokens (2B: layers 0-9, 2048), the rest full causal. When
 ``positions`` restart at 0 (packed documents), attention stays inside each
 document.
+
+RoPE per layer type (``rope_of``): window layers rotate with ``rope_theta``;
+full layers with ``rope_theta_global`` (None: ``rope_theta``, today's model) and
+``rope_scaling`` ("llama": Llama 3.1's, "yarn": YaRN's, by ``rope_scaling_factor``
+over ``rope_original_seq_len``). Why only the full layers: a window layer never
+sees a distance past ``window_size``, so a longer context asks nothing new of
+it; Gemma 3 (arXiv 2503.19786, section 2) likewise raises the base of its global
+layers only and keeps its local ones at 10k. Every layer's rotation is torchtitan's
+own ``ComplexRoPE`` (``torchtitan/models/common/rope.py``); YaRN's sharper attention,
+which that RoPE leaves to the model, is the layer's softmax scale (``softmax_scale_of``).
 """
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +89,7 @@ from .attention import DenseMaskFlexAttention, carrier_block_mask
 EarlyMode = Literal["present", "scaled"]
 LateMode = Literal["drop", "flush", "present"]
 FinalAgg = Literal["mean_of_norms", "norm_of_sum"]
+RopeScaling = Literal["none", "llama", "yarn"]
 # How a sub-block's partial outputs enter the residual streams at once.
 Reduce = Literal["present", "scaled", "own"]
 
@@ -167,7 +178,7 @@ def normed_lane_matmul(x: torch.Tensor, norm: LaneRMSNorm, *linears: LaneLinear)
     can form the scaled gradient ``_NormedLaneMatmul`` needs in the kernels that make theirs.
     """
     rows = x.reshape(x.shape[0], -1, x.shape[-1])  # [L, N, D]
-    weights = [lin.weight for lin in linears]
+    weights: list[torch.Tensor] = [lin.weight for lin in linears]
     with torch.no_grad():  # the norm's gradients come from _NormedLaneMatmul's backward
         xn, rstd = norm.with_rstd(rows)
     if torch.is_grad_enabled():
@@ -234,6 +245,7 @@ class LaneAttention(Module):
         head_dim: int
         rope: ComplexRoPE.Config
         inner_attention: Module.Config
+        softmax_scale: float | None = None  # None: 1/sqrt(head_dim) (Laneformer.Config.softmax_scale_of)
         wqkv_init: dict = field(default_factory=dict)
         wo_init: dict = field(default_factory=dict)
 
@@ -253,6 +265,7 @@ class LaneAttention(Module):
         self.wo = lane_linear(config.n_heads * hd // L, config.dim, config.wo_init)
         self.rope = config.rope.build()
         self.inner_attention = config.inner_attention.build()
+        self.softmax_scale = config.softmax_scale
 
     def forward(self, x, norm: LaneRMSNorm, attention_mask: BlockMask, positions: torch.Tensor | None):
         """Attention of ``norm(x)``, lanes first (``x: [L, B, S, D]``, as the output; the norm is
@@ -268,7 +281,8 @@ class LaneAttention(Module):
         q, k, v = heads(q, self.n_heads), heads(k, self.n_kv_heads), heads(v, self.n_kv_heads)
         q, k = self.rope(q, k, positions)
         out = self.inner_attention(
-            q, k, v, attention_masks=attention_mask, enable_gqa=self.n_heads != self.n_kv_heads
+            q, k, v, attention_masks=attention_mask, scale=self.softmax_scale,
+            enable_gqa=self.n_heads != self.n_kv_heads,
         )
         return self.wo(to_lanes(out.reshape(B, S, L, -1)))
 
@@ -420,7 +434,11 @@ class Laneformer(BaseModel):
         ffn_hidden_dim: int
         vocab_size: int = 32000
         max_seq_len: int = 4096
-        rope_theta: float = 10000.0
+        rope_theta: float = 10000.0  # window layers, and full layers unless rope_theta_global is set
+        rope_theta_global: float | None = None  # full layers; None: rope_theta
+        rope_scaling: RopeScaling = "none"  # full layers only
+        rope_scaling_factor: float = 1.0  # how many times rope_original_seq_len the scaled layers reach
+        rope_original_seq_len: int = 4096  # the length trained at before scaling (spec section 1: 4096)
         norm_eps: float = 1e-5
         n_lanes: int = 8
         delay: int = 2
@@ -448,6 +466,11 @@ class Laneformer(BaseModel):
                 (self.head_dim % 2 == 0, "head_dim", "must be even (complex RoPE)"),
                 (0 <= self.delay, "delay", "must be >= 0"),
                 (self.window_size >= 1, "window_size", "must be >= 1"),
+                (self.rope_scaling in get_args(RopeScaling), "rope_scaling",
+                 f"must be one of {list(get_args(RopeScaling))}"),
+                (self.rope_scaling == "none" or self.rope_scaling_factor > 1, "rope_scaling_factor",
+                 f"must be > 1 with rope_scaling={self.rope_scaling!r}"),
+                (self.rope_original_seq_len >= 1, "rope_original_seq_len", "must be >= 1"),
                 (all(0 <= i < self.n_layers for i in self.window_layers), "window_layers",
                  f"must be layer indices in [0, {self.n_layers})"),
             ]
@@ -458,6 +481,30 @@ class Laneformer(BaseModel):
         def window_of(self, layer: int) -> int | None:
             return self.window_size if layer in self.window_layers else None
 
+        def rope_of(self, layer: int) -> ComplexRoPE.Config:
+            """torchtitan's RoPE of a layer: ``rope_theta`` on window layers; ``rope_theta_global`` and
+            ``rope_scaling`` on full layers (the module docstring says why)."""
+            shape = {"dim": self.head_dim, "max_seq_len": self.max_seq_len}
+            if self.window_of(layer) is not None:
+                return ComplexRoPE.Config(**shape, theta=self.rope_theta)
+            factor, length = self.rope_scaling_factor, self.rope_original_seq_len
+            scaling = {"none": {},  # torchtitan names each method's factor and length its own way
+                       "llama": {"scaling_factor": factor, "original_max_position_embeddings": length},
+                       "yarn": {"rope_factor": factor, "original_seq_len": length}}[self.rope_scaling]
+            theta = self.rope_theta if self.rope_theta_global is None else self.rope_theta_global
+            return ComplexRoPE.Config(**shape, theta=theta, scaling=self.rope_scaling, **scaling)
+
+        def softmax_scale_of(self, layer: int) -> float | None:
+            """The attention logits' scale of a layer; None: SDPA's and flex's own, 1/sqrt(head_dim).
+
+            YaRN's layers are sharper by ``(0.1 ln s + 1)^2`` (YaRN, arXiv 2309.00071, section 3.4:
+            sqrt(1/t) = 0.1 ln(s) + 1 on both q and k), which torchtitan's RoPE leaves to the model
+            (rope.py's ``_yarn_inv_freq``); its gpt_oss folds it into the scale the same way.
+            """
+            if self.rope_scaling != "yarn" or self.window_of(layer) is not None:
+                return None
+            return (0.1 * math.log(self.rope_scaling_factor) + 1) ** 2 / math.sqrt(self.head_dim)
+
         def exchange_of(self, layer: int) -> tuple[Reduce, bool]:
             """(how layer ``layer`` adds its own outputs, whether it sends them forward).
 
@@ -465,6 +512,7 @@ class Laneformer(BaseModel):
             that exists and exchanges, or by the final flush (``late_mode="flush"``).
             """
             n, d = self.n_layers, self.delay
+            reduce: Reduce
             if layer < d:
                 reduce, sends = self.early_mode, self.early_send_forward
             elif not self.delayed_exchange:
@@ -490,8 +538,9 @@ class Laneformer(BaseModel):
                     n_heads=self.n_heads,
                     n_kv_heads=self.n_kv_heads,
                     head_dim=self.head_dim,
-                    rope=ComplexRoPE.Config(dim=self.head_dim, max_seq_len=self.max_seq_len, theta=self.rope_theta),
+                    rope=self.rope_of(layer),
                     inner_attention=self.inner_attention,
+                    softmax_scale=self.softmax_scale_of(layer),
                     wqkv_init=linear,
                     wo_init=out,
                 ),

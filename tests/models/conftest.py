@@ -8,8 +8,8 @@ import torch
 
 # --- lane-parallel decoding (tests/models/test_generate.py, tests/e2e/test_lane_parallel_decode.py) ---
 
-# Every exchange variant Laneformer.Config supports, as overrides of the tiny shape with 6 layers
-# (with delay 2 the middle layers 2 and 3 send to 4 and 5) and a window of 3 that binds.
+# Every exchange variant Laneformer.Config supports, and its RoPE per layer type, as overrides of the tiny
+# shape with 6 layers (with delay 2 the middle layers 2 and 3 send to 4 and 5) and a window of 3 that binds.
 DECODE_BASE = {"n_layers": 6, "window_size": 3, "window_layers": [0, 1, 2]}
 DECODE_VARIANTS = {
     "default": {},
@@ -24,6 +24,9 @@ DECODE_VARIANTS = {
     "delay 1, scaled+send, flush, norm of sum": {"delay": 1, "early_mode": "scaled", "early_send_forward": True,
                                                  "late_mode": "flush", "final_agg": "norm_of_sum"},
     "delay 4 > layers/2, flush": {"delay": 4, "early_send_forward": True, "late_mode": "flush"},
+    # not an exchange: RoPE per layer type (layers 3-5 rotate differently and scale their logits), past 4 tokens
+    "rope: global theta, yarn": {"rope_theta_global": 5e5, "rope_scaling": "yarn", "rope_scaling_factor": 4.0,
+                                 "rope_original_seq_len": 4},
 }
 DECODE_PROMPT = [1, 5, 9, 200, 31, 7]
 

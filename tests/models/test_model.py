@@ -84,20 +84,25 @@ def rms_norm(x, weight, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-def rope(x, positions, theta):
-    """Meta-Llama complex RoPE: rotate interleaved pairs (x[2i], x[2i+1])."""
-    hd = x.shape[-1]
-    freqs = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+def theta_freqs(theta, hd):
+    """RoPE's frequencies theta^(-2i/hd), i < hd/2 (RoFormer, arXiv 2104.09864, eq. 15), float64."""
+    return 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+
+
+def rope(x, positions, freqs):
+    """Meta-Llama complex RoPE: rotate interleaved pairs (x[2i], x[2i+1]) by positions * freqs[i]."""
     angles = positions[..., None].double() * freqs  # [B, S, hd/2]
     cos, sin = angles.cos()[:, :, None].float(), angles.sin()[:, :, None].float()
     x0, x1 = x[..., 0::2], x[..., 1::2]
     return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2)
 
 
-def dense_forward(sd, cfg, tokens):
-    """A dense GQA/SwiGLU transformer with weights = lane slices concatenated."""
+def dense_forward(sd, cfg, tokens, rope_of=None):
+    """A dense GQA/SwiGLU transformer with weights = lane slices concatenated. ``rope_of(layer)``: the
+    layer's RoPE frequencies and attention scale (None: 1/sqrt(head_dim)); default: ``cfg.rope_theta``'s."""
     B, S = tokens.shape
     H, Hkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    rope_of = rope_of or (lambda layer: (theta_freqs(cfg.rope_theta, hd), None))
     row = lambda w: w.reshape(-1, w.shape[-1])  # [L, out/L, D] -> [out, D]
     col = lambda w: w.permute(1, 0, 2).reshape(w.shape[1], -1)  # [L, D, in/L] -> [D, in]
     positions = torch.arange(S).expand(B, S)
@@ -109,9 +114,11 @@ def dense_forward(sd, cfg, tokens):
         q = (h @ row(sd[p + "attention.wq.weight"]).T).view(B, S, H, hd)
         k = (h @ row(sd[p + "attention.wk.weight"]).T).view(B, S, Hkv, hd)
         v = (h @ row(sd[p + "attention.wv.weight"]).T).view(B, S, Hkv, hd)
-        q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+        freqs, scale = rope_of(i)
+        q, k = rope(q, positions, freqs), rope(k, positions, freqs)
         k, v = k.repeat_interleave(H // Hkv, dim=2), v.repeat_interleave(H // Hkv, dim=2)
-        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(hd)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k)
+        scores = scores * scale if scale is not None else scores / math.sqrt(hd)
         allowed = idx[:, None] >= idx[None, :]
         if cfg.window_of(i):
             allowed &= idx[:, None] - idx[None, :] < cfg.window_of(i)

@@ -26,6 +26,10 @@ NATIVE_TO_HF = {
     "vocab_size": "vocab_size",
     "max_seq_len": "max_position_embeddings",
     "rope_theta": "rope_theta",
+    "rope_theta_global": "rope_theta_global",
+    "rope_scaling": "rope_scaling_type",  # transformers owns "rope_scaling" (configuration_laneformer.py)
+    "rope_scaling_factor": "rope_scaling_factor",
+    "rope_original_seq_len": "rope_original_max_position_embeddings",
     "norm_eps": "norm_eps",
     "n_lanes": "num_lanes",
     "delay": "broadcast_delay",

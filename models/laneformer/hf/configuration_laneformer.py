@@ -3,8 +3,13 @@
 Key names follow Kog's releases where they have the field (hidden_size,
 num_lanes, broadcast_delay, use_comm, sliding_window, swa_layers, ...); fields
 they lack get new keys: ``head_dim``, ``early_mode``, ``early_send_forward``,
-``late_mode``, ``final_agg``. A project export writes every key, so this
-class reads only its own keys. Kog's releases say less and mean different
+``late_mode``, ``final_agg``, and the RoPE of the full-attention layers:
+``rope_theta_global`` (null: ``rope_theta``), ``rope_scaling_type`` ("none",
+"llama", "yarn"), ``rope_scaling_factor``, ``rope_original_max_position_embeddings``
+(not ``rope_scaling``: transformers reads that key itself, as a dict for every
+layer); absent, they are one RoPE of ``rope_theta`` on every layer, as before
+they existed. A project export writes every key, so this class reads only its
+own keys. Kog's releases say less and mean different
 things in their two revisions; ``convert from-hf`` works out what they
 compute (``hf/kog_releases.py``) and imports them, rather than this class
 guessing.
@@ -22,6 +27,7 @@ from transformers import PretrainedConfig
 EARLY_MODES = ("present", "scaled")
 LATE_MODES = ("drop", "flush", "present")
 FINAL_AGGS = ("mean_of_norms", "norm_of_sum")
+ROPE_SCALINGS = ("none", "llama", "yarn")
 
 
 class LaneformerConfig(PretrainedConfig):
@@ -38,6 +44,10 @@ class LaneformerConfig(PretrainedConfig):
         intermediate_size=12288,
         max_position_embeddings=4096,
         rope_theta=10000.0,
+        rope_theta_global=None,
+        rope_scaling_type="none",
+        rope_scaling_factor=1.0,
+        rope_original_max_position_embeddings=4096,
         norm_eps=1e-5,
         num_lanes=8,
         broadcast_delay=2,
@@ -66,6 +76,7 @@ class LaneformerConfig(PretrainedConfig):
             ("early_mode", early_mode, EARLY_MODES),
             ("late_mode", late_mode, LATE_MODES),
             ("final_agg", final_agg, FINAL_AGGS),
+            ("rope_scaling_type", rope_scaling_type, ROPE_SCALINGS),
         ):
             if value not in allowed:
                 raise ValueError(f"{name}={value!r}; expected one of {allowed}")
@@ -82,6 +93,10 @@ class LaneformerConfig(PretrainedConfig):
         self.intermediate_size = intermediate_size
         self.max_position_embeddings = max_position_embeddings
         self.rope_theta = rope_theta
+        self.rope_theta_global = rope_theta_global
+        self.rope_scaling_type = rope_scaling_type
+        self.rope_scaling_factor = rope_scaling_factor
+        self.rope_original_max_position_embeddings = rope_original_max_position_embeddings
         self.norm_eps = norm_eps
         self.num_lanes = num_lanes
         self.broadcast_delay = broadcast_delay

@@ -20,7 +20,9 @@ import dataclasses
 import json
 import logging
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -118,7 +120,8 @@ def to_hf(model: torch.nn.Module, out_dir: str | Path, **kwargs) -> Path | None:
         full = v.full_tensor() if isinstance(v, DTensor) else v
         if rank0:
             state_dict[k] = full.detach().cpu()
-    return export_hf(state_dict, model.config, out_dir, **kwargs) if rank0 else None
+    config = cast(Laneformer.Config, model.config)  # a Laneformer's, under FSDP too
+    return export_hf(state_dict, config, out_dir, **kwargs) if rank0 else None
 
 
 def _write_tokenizer(src: Path, dst: Path, chat_template: str | None = None) -> None:
@@ -140,7 +143,7 @@ def _write_tokenizer(src: Path, dst: Path, chat_template: str | None = None) -> 
     add_to_hf_folder(dst, chat_template)
 
 
-def model_card(config: Laneformer.Config, card: ModelCard, n_params: int, tp_why: list[str] = ()) -> str:
+def model_card(config: Laneformer.Config, card: ModelCard, n_params: int, tp_why: Sequence[str] = ()) -> str:
     """A README: what the model is, where its weights come from, its latest evals, how to load it."""
     lines = [
         "---",
@@ -200,4 +203,14 @@ def _architecture_summary(config: Laneformer.Config) -> dict[str, object]:
         f"early layers send: {config.early_send_forward}, delayed exchange: {config.delayed_exchange}, "
         f"final {config.final_agg}",
         "sliding window": f"{config.window_size} on layers {config.window_layers}" if config.window_layers else "none",
+        "RoPE": _rope_summary(config),
     }
+
+
+def _rope_summary(config: Laneformer.Config) -> str:
+    full = config.rope_theta if config.rope_theta_global is None else config.rope_theta_global
+    scaling = "" if config.rope_scaling == "none" else \
+        f", {config.rope_scaling} x{config.rope_scaling_factor:g} of {config.rope_original_seq_len}"
+    if not config.window_layers:
+        return f"theta {full:g}{scaling}"
+    return f"theta {config.rope_theta:g} on window layers, {full:g}{scaling} on the others"

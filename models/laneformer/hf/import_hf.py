@@ -63,7 +63,7 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path, overrides: dict | None = 
         raise ValueError(f"{config_path}: {e}") from None
     tensors, sources = read_weights(hf_dir)
     if mapping.tie_embeddings and EMBEDDINGS in tensors:
-        if LM_HEAD in tensors and not torch.equal(tensors[LM_HEAD], tensors.get(EMBEDDINGS)):
+        if LM_HEAD in tensors and not torch.equal(tensors[LM_HEAD], tensors[EMBEDDINGS]):
             raise ValueError(f"{config_path}: tie_word_embeddings: true, but {LM_HEAD} in {sources[LM_HEAD]} "
                              f"differs from {EMBEDDINGS}")
         tensors[LM_HEAD] = tensors[EMBEDDINGS].clone()

@@ -32,12 +32,13 @@ function.
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..model import Laneformer
 from .config_map import native_from_hf
 
 # LaneformerTPConfig's defaults: what the older code uses for an absent key.
-KOG_TP_DEFAULTS = {
+KOG_TP_DEFAULTS: dict[str, Any] = {
     "hidden_size": 4096,
     "num_hidden_layers": 32,
     "num_attention_heads": 32,
@@ -286,6 +287,8 @@ def laneformer_tp_keys(config: Laneformer.Config) -> tuple[dict, list[str]]:
         why.append("delay=0 (all-reduce everywhere): laneformer_tp fails on broadcast_delay=0 with use_comm=true")
     if config.delayed_exchange and config.delay < config.n_layers and not config.early_send_forward:
         why.append("early_send_forward=false: laneformer_tp sends the first broadcast_delay layers forward too")
+    if config.rope_theta_global not in (None, config.rope_theta) or config.rope_scaling != "none":
+        why.append("rope_theta_global/rope_scaling: laneformer_tp rotates every layer with rope_theta alone")
     keys = {
         "use_comm": config.delayed_exchange,
         "use_early_comm": config.early_mode == "present",

@@ -11,6 +11,11 @@ its definition rather than importing it:
   ``l*H/L ...`` and the KV heads of their GQA groups), complex interleaved
   RoPE at the token positions, a causal mask with a per-layer window
   (``swa_layers`` attend to the last ``sliding_window`` tokens);
+- RoPE per layer type: window layers rotate with ``rope_theta``; full layers
+  with ``rope_theta_global`` (null: ``rope_theta``) and ``rope_scaling_type``
+  ("llama": Llama 3.1's, "yarn": YaRN's, whose layers also scale their
+  attention logits), by ``rope_scaling_factor`` over
+  ``rope_original_max_position_embeddings``;
 - the delayed exchange of partial outputs between lanes, per sub-block:
   early layers (``i < broadcast_delay``) all-reduce ("present") or scale their
   own output by sqrt(L) ("scaled"); the others add their own output plus what
@@ -58,9 +63,41 @@ class LaneLinear(nn.Module):
         return torch.einsum("bsli,loi->bslo", x, self.weight)
 
 
-def rope_rotation(positions, head_dim, theta):
+def rope_frequencies(config, full, device=None):
+    """The rotation frequencies ``[head_dim/2]`` of a window layer (``full`` false) or a full-attention layer."""
+    hd = config.head_dim
+    theta = config.rope_theta_global if full and config.rope_theta_global is not None else config.rope_theta
+    freqs = 1.0 / (theta ** (torch.arange(0, hd, 2, device=device)[: hd // 2].float() / hd))
+    kind = config.rope_scaling_type if full else "none"
+    s, n = config.rope_scaling_factor, config.rope_original_max_position_embeddings
+    if kind == "llama":
+        # Llama 3.1 (low_freq_factor 1, high_freq_factor 4): wavelengths over n tokens turn s times slower,
+        # those under n/4 keep their speed, those between are blended.
+        wavelen = 2 * math.pi / freqs
+        smooth = ((n / wavelen - 1) / (4 - 1)).clamp(0, 1)
+        freqs = (1 - smooth) * freqs / s + smooth * freqs
+    elif kind == "yarn":
+        # YaRN's NTK-by-parts (beta_fast 32, beta_slow 1): dimensions turning under once in n tokens turn
+        # s times slower, those turning over 32 times keep their speed, a linear ramp over the dimensions between.
+        def dim_turning(turns):
+            return hd * math.log(n / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+        low, high = max(math.floor(dim_turning(32)), 0), min(math.ceil(dim_turning(1)), hd - 1)
+        ramp = ((torch.arange(hd // 2, device=device).float() - low) / max(high - low, 0.001)).clamp(0, 1)
+        freqs = freqs / s * ramp + freqs * (1 - ramp)
+    return freqs
+
+
+def attention_scale(config, full):
+    """The attention logits' scale: None (1/sqrt(head_dim)) but on YaRN's full layers,
+    (0.1 ln s + 1)^2 / sqrt(head_dim) (YaRN, arXiv 2309.00071, section 3.4)."""
+    if not full or config.rope_scaling_type != "yarn":
+        return None
+    return (0.1 * math.log(config.rope_scaling_factor) + 1) ** 2 / math.sqrt(config.head_dim)
+
+
+def rope_rotation(positions, freqs):
     """Complex rotations ``[B, S, 1, head_dim/2]`` for integer ``positions`` ``[B, S]`` (fp32, Meta-Llama form)."""
-    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device)[: head_dim // 2].float() / head_dim))
     angles = positions[..., None].float() * freqs
     return torch.polar(torch.ones_like(angles), angles)[:, :, None, :]
 
@@ -99,13 +136,15 @@ class LaneformerAttention(nn.Module):
         self.layer_idx = layer_idx
         self.n_heads, self.n_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, hd
         self.window = config.sliding_window if layer_idx in config.swa_layers else None
+        self.scale = attention_scale(config, full=self.window is None)
         self.wq = LaneLinear(L, config.hidden_size, self.n_heads * hd // L)
         self.wk = LaneLinear(L, config.hidden_size, self.n_kv_heads * hd // L)
         self.wv = LaneLinear(L, config.hidden_size, self.n_kv_heads * hd // L)
         self.wo = LaneLinear(L, self.n_heads * hd // L, config.hidden_size)
 
-    def forward(self, x, rotation, token_index, key_is_real, cache):
+    def forward(self, x, rotations, token_index, key_is_real, cache):
         B, S, L, _ = x.shape
+        rotation = rotations[self.window is None]
         q = apply_rope(self.wq(x).reshape(B, S, self.n_heads, self.head_dim), rotation).transpose(1, 2)
         k = apply_rope(self.wk(x).reshape(B, S, self.n_kv_heads, self.head_dim), rotation).transpose(1, 2)
         v = self.wv(x).reshape(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)
@@ -122,7 +161,7 @@ class LaneformerAttention(nn.Module):
         allowed = allowed[None, None] & (key_is_real[:, None, None, -T:] | (kv_idx == q_idx)[None, None])
         group = self.n_heads // self.n_kv_heads
         out = F.scaled_dot_product_attention(
-            q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), attn_mask=allowed
+            q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), attn_mask=allowed, scale=self.scale
         )
         return self.wo(out.transpose(1, 2).reshape(B, S, L, -1))
 
@@ -161,8 +200,8 @@ class LaneformerDecoderLayer(nn.Module):
             x = x + arrival
         return x, (o.sum(dim=2, keepdim=True) - o if self.sends else None)
 
-    def forward(self, x, arrivals, rotation, token_index, key_is_real, cache):
-        o = self.attention(self.attention_norm(x), rotation, token_index, key_is_real, cache)
+    def forward(self, x, arrivals, rotations, token_index, key_is_real, cache):
+        o = self.attention(self.attention_norm(x), rotations, token_index, key_is_real, cache)
         x, attn_sent = self._add(x, o, arrivals[0])
         x, mlp_sent = self._add(x, self.feed_forward(self.ffn_norm(x)), arrivals[1])
         return x, (attn_sent, mlp_sent)
@@ -205,14 +244,16 @@ class LaneformerModel(LaneformerPreTrainedModel):
         if position_ids is None:
             # Left padding: positions count real tokens only.
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -S:]
-        rotation = rope_rotation(position_ids, cfg.head_dim, cfg.rope_theta)
+        # by layer type: {False: window layers, True: full-attention layers}
+        rotations = {full: rope_rotation(position_ids, rope_frequencies(cfg, full, input_ids.device))
+                     for full in (False, True)}
         key_is_real = attention_mask.bool()
 
         x = self.tok_embeddings(input_ids)[:, :, None, :].expand(-1, -1, cfg.num_lanes, -1)
         in_flight = {}  # layer -> (attention, mlp) outputs of the other lanes, due at layer + delay
         for i, layer in enumerate(self.layers):
             arrivals = in_flight.pop(i - cfg.broadcast_delay, (None, None))
-            x, sent = layer(x, arrivals, rotation, token_index, key_is_real, cache)
+            x, sent = layer(x, arrivals, rotations, token_index, key_is_real, cache)
             if sent[0] is not None:
                 in_flight[i] = sent
         for attn_sent, mlp_sent in in_flight.values():  # sent past the last layer: late_mode "flush" only
