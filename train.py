@@ -34,20 +34,20 @@ from train.health.holder import claim, die_with_parent
 
 die_with_parent()  # first: under torchrun, a rank dies with its agent (a SIGKILLed torchrun leaves no orphan training)
 
-from train.cpu import use_cpu_if_no_gpu  # noqa: E402
-
-use_cpu_if_no_gpu()  # before torchtitan builds anything
-
-from train.exits import Exit, StopRun, note_exit  # noqa: E402
-from train.health.preemption import Preempted, catch_signals  # noqa: E402
+from train.exits import Exit, StopRun, note_exit
+from train.health.preemption import Preempted, catch_signals
 
 catch_signals()  # as early as possible: an uncaught SIGUSR1 kills a rank without a checkpoint
 
-import torch  # noqa: E402
+from train.titan import use_cpu_if_no_gpu  # torchtitan's import: seconds, after the signals
 
-import rundir  # noqa: E402
-from train import recipe as R  # noqa: E402
-from plan.gpus import GPUS  # noqa: E402
+use_cpu_if_no_gpu()  # before torchtitan builds anything
+
+import torch
+
+import rundir
+from train import recipe as R
+from plan.gpus import GPUS
 
 DEFAULT_RECIPE = "tiny.toml"
 
@@ -88,7 +88,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def run_summary(recipe: R.Recipe, recipe_arg: str, sets: list[str]) -> str:
     """What a finished run prints (``make train``): where the run is, how it ended, what next."""
     run = Path(recipe.output_dir)
-    out = Path(recipe.checkpoint.export_dir or run / rundir.EXPORT_DIR)
+    out = recipe.export_dir
     loss = rundir.last_logged(run, "loss_metrics/global_avg_loss")
     from train.metric_names import VAL_LOSS
 

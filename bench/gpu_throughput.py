@@ -122,7 +122,7 @@ def run_setting(flavor, micro_batch, seq, ac, warmup, steps) -> dict:
             raise
         return {"error": "OOM"}
     finally:
-        del model, opt
+        model = opt = None  # free the GPU memory before the next setting
         gc.collect()
         torch.cuda.empty_cache()
 

@@ -32,10 +32,11 @@ Rows not trained on raise ``BadConversation`` with a reason (counted in the
 manifest by data.pairs_tokenize): the prefix rule broken, an empty answer,
 chosen equal to rejected, a side longer than ``seq_len``, and data.chat's own.
 
-On disk (the contract a preference trainer reads, see ``pairs_of``): an ordinary
-tokenized source (data.shards, with ``.ds.loss`` masks) whose manifest has a
-``pairs`` entry; document 2p is pair p's chosen sequence, 2p+1 its rejected one,
-adjacent in one shard, in input order; both start with the same prompt ids.
+On disk (the contract a preference trainer reads, checked once by ``open_pairs``):
+an ordinary tokenized source (data.shards, with ``.ds.loss`` masks) whose manifest
+has a ``pairs`` entry; document 2p is pair p's chosen sequence, 2p+1 its rejected
+one, adjacent in one shard, in input order; both start with the same prompt ids.
+data.pairs_loader reads them as batches.
 """
 
 from __future__ import annotations
@@ -102,18 +103,31 @@ def render_pair(row: dict, tokenizer, template: str | None = None,
     return fmt, out
 
 
-def pairs_of(source: str | Path | TokenizedSource) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """(chosen ids, chosen mask, rejected ids, rejected mask) of every pair of a pair source, in order.
-    ShardError if it is not one (no ``pairs`` manifest entry, no masks, a shard with an odd document count)."""
-    if not isinstance(source, TokenizedSource):
-        source = open_source(source)
-    where = source.path / MANIFEST
-    if MANIFEST_KEY not in source.manifest or not source.manifest.get("loss_mask"):
-        raise ShardError(f"{where}: not a pair source (no '{MANIFEST_KEY}' entry or no loss masks); "
-                         "tokenize it with python -m data.tokenize --pairs")
+class PairError(ShardError):
+    """A pair source that cannot be read as pairs (named with its file)."""
+
+
+def open_pairs(source: str | Path, fingerprint: str | None = None, vocab_size: int | None = None) -> TokenizedSource:
+    """A pair source, opened and checked once for every reader (the pair loader, decontamination's
+    reading, tests): a ``pairs`` manifest entry, loss masks, and whole pairs in every shard. PairError
+    if it is not one; ShardError (data.shards) if it is not a readable source."""
+    source = open_source(source, expected_fingerprint=fingerprint, expected_vocab_size=vocab_size)
+    manifest = source.path / MANIFEST
+    if MANIFEST_KEY not in source.manifest:
+        raise PairError(f"{manifest}: no '{MANIFEST_KEY}' entry: not a pair source (tokenize it with "
+                        "`python -m data.tokenize --pairs`)")
+    if not source.manifest.get("loss_mask"):
+        raise PairError(f"{manifest}: a pair source needs loss masks (the answers' tokens)")
     for shard in source.shards:
         if shard.num_documents % 2:
-            raise ShardError(f"{shard.path}: {shard.num_documents} documents, not whole pairs")
+            raise PairError(f"{shard.path}: {shard.num_documents} documents, an odd count: pairs are "
+                            "(chosen, rejected) documents adjacent in one shard")
+    return source
+
+
+def pairs_of(source: str | Path) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """(chosen ids, chosen mask, rejected ids, rejected mask) of every pair of a pair source, in order."""
+    for shard in open_pairs(source).shards:
         ends = np.concatenate([[0], np.asarray(shard.doc_ends, dtype=np.int64)])
         for d in range(0, shard.num_documents, 2):
             (c0, c1), (r0, r1) = (ends[d], ends[d + 1]), (ends[d + 1], ends[d + 2])

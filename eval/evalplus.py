@@ -77,16 +77,16 @@ if _installed != EVALPLUS_VERSION:
     raise ImportError(f"EvalPlus scoring runs evalplus=={EVALPLUS_VERSION}'s own code; "
                       f"{'found ' + _installed if _installed else 'it is not installed'}: {INSTALL}")
 
-import evalplus.data.humaneval as _humaneval  # noqa: E402
-import evalplus.data.mbpp as _mbpp  # noqa: E402
-from evalplus.config import DEFAULT_GT_TIME_LIMIT_FACTOR, DEFAULT_MIN_TIME_LIMIT  # noqa: E402
-from evalplus.data.utils import get_dataset_metadata, make_cache  # noqa: E402
-from evalplus.eval import PASS, estimate_pass_at_k  # noqa: E402
-from evalplus.provider.utility import _MAGIC_SPLITTER_, EOS, extra_eos_for_direct_completion  # noqa: E402
-from evalplus.provider.utility import make_raw_chat_prompt  # noqa: E402
-from evalplus.sanitize import sanitize  # noqa: E402
+import evalplus.data.humaneval as _humaneval
+import evalplus.data.mbpp as _mbpp
+from evalplus.config import DEFAULT_GT_TIME_LIMIT_FACTOR, DEFAULT_MIN_TIME_LIMIT
+from evalplus.data.utils import get_dataset_metadata, make_cache
+from evalplus.eval import PASS, estimate_pass_at_k
+from evalplus.provider.utility import _MAGIC_SPLITTER_, EOS, extra_eos_for_direct_completion
+from evalplus.provider.utility import make_raw_chat_prompt
+from evalplus.sanitize import sanitize
 
-from data.decontaminate import EVALPLUS_RELEASES  # noqa: E402
+from data.decontaminate import EVALPLUS_RELEASES
 
 # dataset -> (release name, its data module, the override variable that module reads, release version)
 # (the release names are the data layer's too: data.decontaminate reads the same files)

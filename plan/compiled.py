@@ -94,8 +94,8 @@ def _attention(node, kernel, phase: str, window: int) -> Kernel:
 
     inputs = [t for t in node.node.inputs if hasattr(t, "get_size")]
     sizes = [[int(s) for s in t.get_size()] for t in inputs]
-    itemsize = lambda t: t.get_dtype().itemsize  # noqa: E731
-    nbytes = lambda t, s: itemsize(t) * int(torch.Size(s).numel())  # noqa: E731
+    itemsize = lambda t: t.get_dtype().itemsize
+    nbytes = lambda t, s: itemsize(t) * int(torch.Size(s).numel())
     read = sum(nbytes(t, s) for t, s in zip(inputs, sizes))
     if phase == "forward":
         q = sizes[0]
@@ -162,7 +162,7 @@ def _layer_args(config, layer: int, shape: Shape, dense: bool, dtype: torch.dtyp
     from torchtitan.models.common.attention import FlexAttention
 
     from models.laneformer.dense_twin import llama3_twin
-    from models.laneformer.model import from_lanes
+    from models.laneformer.exchange import from_lanes
 
     from .step import AttentionStandIn, _define_stand_ins
 
@@ -179,7 +179,7 @@ def _layer_args(config, layer: int, shape: Shape, dense: bool, dtype: torch.dtyp
     if dense:
         return block, (torch.empty(width, dtype=dtype, requires_grad=True), None, None)
 
-    def lane_wide():  # as the layer gets them in training: stored lane-major (models.laneformer.model.to_lanes)
+    def lane_wide():  # as the layer gets them in training: stored lane-major (models.laneformer.exchange.to_lanes)
         B, S, L, D = width
         return from_lanes(torch.empty(L, B, S, D, dtype=dtype)).requires_grad_()
 
@@ -214,7 +214,7 @@ class CompiledEstimate:
         return lines
 
     def to_json(self) -> dict:
-        speed = lambda s: None if s is None else {"tokens_per_s": s.tokens_per_s, "mfu": s.mfu,  # noqa: E731
+        speed = lambda s: None if s is None else {"tokens_per_s": s.tokens_per_s, "mfu": s.mfu,
                                                   "step_s": s.step_s}
         return {"roofline": speed(self.lanes), "dense_roofline": speed(self.dense),
                 "lanes_dense_ratio": None if self.dense is None else self.lanes.step_s / self.dense.step_s,
@@ -223,7 +223,7 @@ class CompiledEstimate:
     def kernel_table(self, top: int = 25) -> list[str]:
         """Layer ``layer``'s kernels, lanes vs dense: totals by kind and phase, then the largest of each."""
         sides = {"lanes": self.lane_kernels, "dense": self.dense_kernels}
-        ms = lambda k: k.seconds(self.gpu, self.dtype) * 1e3  # noqa: E731
+        ms = lambda k: k.seconds(self.gpu, self.dtype) * 1e3
         lines = [f"compiled kernels of layer {self.layer}, one micro batch ({COMPILED_NOTE}):"]
         rows = []
         for kind in ("fused", "extern", "attention"):

@@ -17,7 +17,7 @@ def data_report(recipe: R.Recipe) -> str:
     from train.build import check_data, model_config
 
     t, sources = recipe.training, recipe.data.sources
-    if recipe.preference.loss:
+    if any(s.pairs for s in sources):  # pair sources are sized in pairs (train.preference.plan)
         return pairs_report(recipe)
     rows = needs(sources, t.seq_len, t.steps * t.global_batch)
     lines = [f"data plan: {t.total_tokens:,} tokens; per source: planned tokens, the size that keeps it "
@@ -67,7 +67,7 @@ def held_out_report(recipe: R.Recipe) -> list[str]:
             size = "size unknown (no expected_tokens)"
         split = "" if entry is not None else ", not split yet"
         lines.append(f"  {s.name}: {size}; holdout {s.holdout!r}{split}: {held_out_dir(s.path)}")
-    for name, path in R.validation_sets(recipe).items():
+    for name, path in recipe.validation_sets.items():
         if path in e.val_sources:
             try:
                 m = load_manifest(path)
@@ -81,7 +81,8 @@ def held_out_report(recipe: R.Recipe) -> list[str]:
 def pairs_report(recipe: R.Recipe) -> str:
     """A preference run's data plan: pairs read against each pair source's expected pairs, then the
     pairs on this machine as the loader opens them."""
-    from train.build import check_pairs, model_config
+    from train.build import model_config
+    from train.preference.build import check_pairs
     from train.preference.plan import size_lines
 
     lines = size_lines(recipe)[0]

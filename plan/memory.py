@@ -71,7 +71,7 @@ def memory_plans(config, shape: Shape, gpu: Gpu, micro_batches: tuple[int, ...] 
     from torchtitan.tools import utils as tt_utils
 
     from models.laneformer import parallelize_laneformer
-    from train.cpu import use_cpu_if_no_gpu
+    from train.titan import use_cpu_if_no_gpu
 
     use_cpu_if_no_gpu()  # torchtitan's mesh and our fake tensors on the same device type
     device = tt_utils.device_type
@@ -121,7 +121,7 @@ def memory_plans(config, shape: Shape, gpu: Gpu, micro_batches: tuple[int, ...] 
 def _memory(peak: dict, after_backward: dict, gpu: Gpu) -> Memory:
     (at_peak,) = peak.values()  # one device
     (state,) = after_backward.values()
-    name = lambda kind: getattr(kind, "value", kind)  # noqa: E731
+    name = lambda kind: getattr(kind, "value", kind)
     parts = {name(k): v for k, v in at_peak.items()}
     persistent = sum(v for k, v in state.items() if name(k) in ("Sharded Param", "Sharded Grad", "OptState"))
     return Memory(peak=parts.pop("Total"), parts=parts, state=persistent, gpu=gpu)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,6 +30,9 @@ from .memory import FIT_FRACTION, Memory, memory_plan, memory_plans
 from .replica import plan_lines
 from .roofline import ROOFLINE_NOTE, Speed, ops_table, roofline
 from .step import AC_MODES, STAND_IN_NOTE, Shape
+
+if TYPE_CHECKING:  # imported where a plan is compiled: it needs torch's Inductor
+    from .compiled import CompiledEstimate
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 TIE = 0.01  # settings within 1% of the fastest (with communication) count as equally fast
@@ -53,10 +57,9 @@ def run_report(recipe: R.Recipe, *, gpus: int, mfu: float, peak_tflops: float) -
                 f"of {peak_tflops:g} TFLOP/s ({t.total_tokens / seconds / gpus:,.0f} tokens/s/GPU)")
     else:  # an MFU of a GPU's peak says nothing about a 2M-parameter model on a CPU
         wall = "expected wall time: a CPU recipe ([parallel] gpus = 0): no GPU estimate; --gpus N makes one for N GPUs"
-    if recipe.preference.loss:  # a preference run's forward over every pair before step 1
-        from train.preference.plan import reference_seconds
+    from train.preference.plan import reference_lines  # a preference run's forward over every pair before step 1
 
-        wall += "\n" + reference_seconds(recipe, flops, gpus and mfu * peak_tflops * 1e12 * gpus)
+    wall = "\n".join([wall, *reference_lines(recipe, flops, gpus and mfu * peak_tflops * 1e12 * gpus)])
     return "\n".join([
         f"recipe: {recipe.path}",
         f"model: {recipe.model.flavor}, parameters: {nparams:,}",
@@ -277,7 +280,7 @@ class Plan:
 
     def to_json(self) -> dict:
         """The plan's numbers, for tools (bench.gpu_check): GiB, tokens/s/GPU, MFU as a fraction."""
-        speed = lambda s: None if s is None else {"tokens_per_s": s.tokens_per_s, "mfu": s.mfu,  # noqa: E731
+        speed = lambda s: None if s is None else {"tokens_per_s": s.tokens_per_s, "mfu": s.mfu,
                                                   "step_s": s.step_s}
         out = {
             "recipe": str(self.recipe.path), "flavor": self.recipe.model.flavor, "parameters": self.nparams,

@@ -70,7 +70,7 @@ def fit_power_law(flops, losses, b_range: tuple[float, float] = B_RANGE) -> Fit:
         raise ValueError(f"a power law with an offset needs at least 3 distinct compute values, got {len(set(C))}")
     scale = float(np.exp(np.mean(np.log(C))))  # the geometric mean: x stays near 1 for every b
     u = C / scale
-    rss = lambda b: _linear(u ** -b, L)[2]  # noqa: E731
+    rss = lambda b: _linear(u ** -b, L)[2]
     grid = np.linspace(*b_range, 400)
     i = int(np.argmin(_linear(u ** -grid[:, None], L)[2]))
     bracket = (grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)])  # around the grid's best

@@ -23,7 +23,7 @@ LAYERS = ["rundir", "data", "models", "eval", "train", "plan", "report", SCRIPT,
 TRAIN_ROOMS = [
     ["train.exits", "train.recipe", "train.cpu", "train.snapshot", "train.metric_names",
      # a preference run's parts below its trainer: losses, pairs, reference log-probs, its plan
-     "train.preference.loss", "train.preference.metrics", "train.preference.pairs", "train.preference.reference",
+     "train.preference.loss", "train.preference.metrics", "train.preference.reference",
      "train.preference.plan"],
     ["train.health"],
     ["train.callbacks"],

@@ -8,7 +8,7 @@ exactly the same job (``train.py`` adds the up-front checks, ``--set`` and the
 per-launch snapshot).
 """
 
-from train.cpu import use_cpu_if_no_gpu
+from train.titan import use_cpu_if_no_gpu
 from train.recipe import load
 from train.trainer import LaneformerTrainer
 

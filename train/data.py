@@ -43,6 +43,7 @@ def source(recipe: R.Recipe, name: str) -> SourceSpec:
 
 def local_copy(recipe: R.Recipe, src: SourceSpec) -> Path:
     """Where data.download puts (and data.tokenize looks for) a Hub source's files."""
+    assert src.hub_id, "asked only of a Hub source (_needs_hub_id)"
     return R.in_data_root(recipe, Path("hub") / src.hub_id)
 
 
@@ -54,6 +55,7 @@ def _needs_hub_id(recipe: R.Recipe, src: SourceSpec, what: str) -> None:
 
 def download(recipe: R.Recipe, src: SourceSpec) -> dict:
     _needs_hub_id(recipe, src, "download")
+    assert src.hub_id  # for the type check: _needs_hub_id raised otherwise
     record = D.download(src.hub_id, local_copy(recipe, src), src.subset, src.split, src.revision)
     if not src.revision:
         print(f"warning: {recipe.path}: [[data.sources]] {src.name} has no revision; pin what was fetched with "
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe = R.load(a.recipe, a.set)
         if a.command == "verify":
             return verify([Path(s.path) for s in recipe.data.sources]
-                          + [Path(x) for x in R.validation_sets(recipe).values()])
+                          + [Path(x) for x in recipe.validation_sets.values()])
         if a.command == "holdout":
             return split_holdouts(recipe, [source(recipe, a.source)] if a.source else
                                   [s for s in recipe.data.sources if s.holdout])

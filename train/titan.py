@@ -1,53 +1,56 @@
 """Everything this framework changes of torchtitan 0.3.0, in one place.
 
-torchtitan's ``Trainer`` runs the loop; a few of its parts need more than their configs
-give. Each change below names the torchtitan code it replaces or hooks, and
-``TORCHTITAN_API`` lists the signatures they rely on: ``tests/train/test_titan.py``
-fails when torchtitan's side of any of them changes, before a run silently loses one.
+``train.trainer.LaneformerTrainer.train`` runs the loop, ported from torchtitan's ``Trainer.train``
+and ``train_step`` (as torchtitan's own torchft trainer does) and calling torchtitan's parts; a few
+of those parts need more than their configs give. Each change below names the torchtitan code it
+replaces or hooks, and ``TORCHTITAN_API`` lists the signatures they rely on (``TORCHTITAN_LOOP``: the
+source the loop was ported from): ``tests/train/test_titan.py`` fails when torchtitan's side of any
+of them changes, before a run silently loses one. Nothing else in ``train/`` assigns into torchtitan.
 
-- ``grad_norm_to``: ``Trainer.train_step`` computes the pre-clip gradient norm with
-  ``dist_utils.clip_grad_norm_`` and drops it; the spike guard needs it before the update.
-  The module attribute is swapped for one step.
-- ``sleep_as_barrier``: ``Trainer.train`` ends with rank 0 sleeping 2 s "for other ranks to
-  complete"; the trainer has every rank meet at a barrier instead (``torchtitan.trainer``'s ``time``
-  swapped for the loop). The two in-place changes: each undone on the way out.
+- ``use_cpu_if_no_gpu``: torchtitan's device (``torchtitan.tools.utils.device_type`` and
+  ``device_module``, and the copies its modules imported) pointed at the CPU when no GPU is visible.
 - ``GuardedOptimizers``: fused Adam(W) that applies or skips a step on the device.
 - ``MilestoneCheckpointManager``: torchtitan's DCP checkpointing, with milestones that are never
-  purged, damaged checkpoints moved aside, a full disk named, and the points around every save
-  (``train.callbacks``' ``pre_checkpoint``/``post_checkpoint_saved``).
+  purged, damaged checkpoints moved aside and a full disk named.
 - ``LaneformerMetrics``: torchtitan's metrics, also at the last step, with MFU "N/A" on a CPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import resource
 import shutil
-import time
-from contextlib import contextmanager
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+import torchtitan.tools.utils as tt_utils
 from rundir import is_complete, step_number
 from torchtitan.components.checkpointer import CheckpointManager
 from torchtitan.components.checkpointer.base import LR_SCHEDULER, MODEL
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.components.optimizer import OptimizersContainer
 from torchtitan.distributed import utils as dist_utils
-from torchtitan.tools import utils
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
+from train.cpu import has_gpu
 from train.health.consistency import is_verified
 from train.health.storage import NoSpace, checkpoint_bytes, free_bytes, is_out_of_space
 
-# What the changes below rely on: (owner, attribute) -> its signature in torchtitan 0.3.0.
+# What the changes below and the loop rely on: (owner, attribute) -> its signature in torchtitan 0.3.0
+# (None: it only has to exist).
 TORCHTITAN_API = {
+    (tt_utils, "device_type"): None,  # use_cpu_if_no_gpu
+    (tt_utils, "device_module"): None,
+    # the loop's clipping: the pre-clip norm, which the spike guard reads before the update
     (dist_utils, "clip_grad_norm_"): "(parameters: 'torch.Tensor | Iterable[torch.Tensor]', max_norm: 'float', "
     "norm_type: 'float' = 2.0, error_if_nonfinite: 'bool' = False, foreach: 'bool | None' = None, "
     "pp_mesh: 'DeviceMesh | None' = None, ep_enabled: 'bool' = False) -> 'torch.Tensor'",
@@ -60,70 +63,104 @@ TORCHTITAN_API = {
     (CheckpointManager, "_should_purge"): "(self) -> 'bool'",
     (CheckpointManager, "dcp_load"): "(self, state_dict: 'dict[str, Any]', checkpoint_id: 'str', from_hf: 'bool', "
     "from_quantized: 'bool') -> 'None'",
-    (Trainer, "train_step"): "(self, data_iterator: collections.abc.Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]])",
-    (Trainer, "forward_backward_step"): None,  # only overridden and called through: any signature
-    (Trainer, "batch_generator"): None,
-    (Trainer, "should_continue_training"): "(self) -> bool",
+    # the loop calls it per micro batch; train.preference.trainer overrides it
+    (Trainer, "forward_backward_step"): "(self, *, input_dict: dict[str, torch.Tensor] | list[dict[str, "
+    "torch.Tensor]], labels: torch.Tensor | list[torch.Tensor], global_valid_tokens: torch.Tensor) -> torch.Tensor",
+    (Trainer, "batch_generator"): None,  # overridden and called through
     # train.preference.trainer: one micro batch's forward, loss and backward, with the preference loss
     (Trainer, "_forward_backward_body"): "(self, inputs: torch.Tensor, labels: torch.Tensor, global_valid_tokens: "
     "torch.Tensor, extra_kwargs: dict[str, typing.Any]) -> torch.Tensor",
 }
 
-
-@contextmanager
-def grad_norm_to(receiver: Callable[[torch.Tensor], None]):
-    """Hand the pre-clip gradient norm that torchtitan's ``Trainer.train_step`` computes with
-    ``dist_utils.clip_grad_norm_`` (and then drops) to ``receiver`` before the optimizer step,
-    instead of computing it a second time. Replaces ``torchtitan.distributed.utils.clip_grad_norm_``
-    for the one step, so other Trainers in the process are untouched."""
-    clip = dist_utils.clip_grad_norm_
-
-    def clip_and_hand_over(*args, **kwargs):
-        norm = clip(*args, **kwargs)
-        receiver(norm)
-        return norm
-
-    dist_utils.clip_grad_norm_ = clip_and_hand_over
-    try:
-        yield
-    finally:
-        dist_utils.clip_grad_norm_ = clip
+# The torchtitan 0.3.0 code LaneformerTrainer.train ports: (owner, function) -> the first 16 hex digits of
+# the sha256 of its source. A change there is a change to read and port.
+TORCHTITAN_LOOP = {
+    (Trainer, "train"): "d2fe16fca25c505b",
+    (Trainer, "train_step"): "911f8077fc175e7f",
+}
 
 
-class _TimeWithoutSleep:
-    """The ``time`` module with a ``sleep`` that returns at once."""
+class _CpuDeviceModule:
+    """The slice of the ``torch.cuda`` API that torchtitan's Trainer, metrics
+    and distributed utils call, answered for the host CPU."""
 
-    def __getattr__(self, name):
-        return getattr(time, name)
+    def __getattr__(self, name: str) -> Any:
+        # Streams, Event, synchronize, is_available, ... come from torch.cpu.
+        return getattr(torch.cpu, name)
 
     @staticmethod
-    def sleep(seconds: float) -> None:
+    def current_device() -> int:
+        return 0  # an int: used as barrier(device_ids=[...]) and device index
+
+    @staticmethod
+    def device_count() -> int:
+        return 1  # get_local_device() then picks index 0 on every rank
+
+    @staticmethod
+    def set_device(device: Any) -> None:
+        pass
+
+    @staticmethod
+    def get_device_name(device: Any = None) -> str:
+        return "cpu"
+
+    @staticmethod
+    def get_device_properties(device: Any = None) -> Any:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return _CpuProperties(name="cpu", total_memory=total)
+
+    @staticmethod
+    def memory_stats(device: Any = None) -> dict[str, int]:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB
+        return {
+            "active_bytes.all.peak": peak,
+            "reserved_bytes.all.peak": peak,
+            "num_alloc_retries": 0,
+            "num_ooms": 0,
+        }
+
+    @staticmethod
+    def reset_peak_memory_stats(device: Any = None) -> None:
+        pass
+
+    @staticmethod
+    def empty_cache() -> None:
         pass
 
 
-SLEEP_LOG = "Sleeping 2 seconds for other ranks to complete"  # torchtitan's line before its sleep
+@dataclasses.dataclass(frozen=True)
+class _CpuProperties:
+    name: str
+    total_memory: int
 
 
-@contextmanager
-def sleep_as_barrier():
-    """torchtitan's ``Trainer.train`` ends with rank 0 logging ``SLEEP_LOG`` and sleeping 2 s (its only
-    ``time.sleep``): every run, restart and test launch paid it. Here the loop runs without the sleep or
-    its line, and on the way out, after the last step and save, every rank waits at a barrier for all
-    the others: what the sleep stood for, for as long as it takes and no longer."""
-    import torchtitan.trainer as titan_trainer
+CPU_DEVICE_MODULE = _CpuDeviceModule()
 
-    def not_the_sleep_line(record) -> bool:
-        return record.getMessage() != SLEEP_LOG
 
-    titan_trainer.time = _TimeWithoutSleep()
-    logger.addFilter(not_the_sleep_line)
-    try:
-        yield
-    finally:
-        titan_trainer.time = time
-        logger.removeFilter(not_the_sleep_line)
-    if dist.is_initialized():  # not on an exception (an error or a preemption ends the run's ranks alike)
-        dist.barrier()
+def use_cpu_if_no_gpu() -> bool:
+    """Point torchtitan at the CPU when no CUDA GPU is visible (torchtitan picks "cuda" when it finds
+    no accelerator); the first thing an entry point does. Tests and CI run on CPU-only machines.
+
+    Replaces ``torchtitan.tools.utils.device_type``/``device_module`` and the copies that modules
+    already imported with ``from torchtitan.tools.utils import device_type, device_module``
+    (metrics, distributed.utils, parallel_dims, profiler, token_dispatcher, ...), so the call order
+    relative to torchtitan imports does not matter. Idempotent. Returns True when the CPU path is
+    active; with a GPU it changes nothing.
+    """
+    if has_gpu():
+        return False
+    old_type, old_module = tt_utils.device_type, tt_utils.device_module
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "torchtitan" or name.startswith("torchtitan.")):
+            continue
+        namespace = vars(module)
+        if namespace.get("device_type", None) is old_type and isinstance(old_type, str):
+            namespace["device_type"] = "cpu"
+        if "device_module" in namespace and namespace["device_module"] is old_module:
+            namespace["device_module"] = CPU_DEVICE_MODULE
+    tt_utils.device_type = "cpu"
+    tt_utils.device_module = CPU_DEVICE_MODULE
+    return True
 
 
 class GuardedOptimizers(OptimizersContainer):
@@ -166,8 +203,8 @@ class GuardedOptimizers(OptimizersContainer):
 class MilestoneCheckpointManager(CheckpointManager):
     """torchtitan's DCP checkpointing; ``milestones`` steps are never purged, a damaged
     latest checkpoint is moved aside (``step-N.damaged``) instead of failing every restart,
-    a save that runs out of disk space stops the run with ``NoSpace``, and every save is
-    bracketed by ``before_save``/``after_save`` (the trainer's callback points)."""
+    a save that runs out of disk space stops the run with ``NoSpace``. ``due`` tells the trainer
+    which saves happen, so that it calls the points around them (``LaneformerTrainer.save_checkpoint``)."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(CheckpointManager.Config):
@@ -177,21 +214,20 @@ class MilestoneCheckpointManager(CheckpointManager):
         super().__init__(config, **kwargs)
         self.milestones = set(config.milestones)
         self.prefer_verified = False  # with HSDP replicas: resume from a checkpoint whose copies were compared
-        self.before_save: Callable[[int], None] = lambda step: None
-        self.after_save: Callable[[Path], None] = lambda path: None
         self.last_saved_step = -1  # the step of this process's latest save
         self.loading: set[str] | None = None  # during a load: the keys its checkpoint holds
+
+    def due(self, step: int, last_step: bool = False) -> bool:
+        """Whether ``save(step, last_step)`` writes a checkpoint."""
+        return self._should_save(step, last_step)
 
     def _should_save(self, curr_step: int, last_step: bool = False) -> bool:
         # replaces CheckpointManager._should_save: also at every milestone
         return super()._should_save(curr_step, last_step) or (self.enable and curr_step in self.milestones)
 
     def _save(self, curr_step: int, last_step: bool = False) -> bool:
-        # wraps CheckpointManager._save (torchtitan's save() calls it): the points around a save,
-        # the purge its last-step save skips, and a full disk named
-        if not self._should_save(curr_step, last_step):
-            return False
-        self.before_save(curr_step)  # a replica mismatch raises here: nothing is saved
+        # wraps CheckpointManager._save (torchtitan's save() calls it): the purge its last-step save
+        # skips, and a full disk named
         try:
             saved = super()._save(curr_step, last_step)  # an async save's failure surfaces at the next
         except (Exception, CheckpointException) as e:
@@ -201,7 +237,6 @@ class MilestoneCheckpointManager(CheckpointManager):
             if last_step:  # torchtitan's last-step save skips its purge: keep_last + 1 would stay
                 self._purge_stale_checkpoints()
             self.last_saved_step = curr_step
-            self.after_save(Path(self.folder) / f"step-{curr_step}")
         return saved
 
     def _no_space(self, error: BaseException, step: int) -> None:
@@ -279,7 +314,7 @@ class MilestoneCheckpointManager(CheckpointManager):
         dist.all_gather_object(everyone, failed)
         return any(everyone)
 
-    def _move_aside(self, which: int, failure: Exception | None) -> None:
+    def _move_aside(self, which: int, failure: BaseException | None) -> None:
         src = Path(self.folder) / f"step-{which}"
         dst = src.with_name(f"{src.name}.damaged")
         n = 1
@@ -314,7 +349,7 @@ class LaneformerMetrics(MetricsProcessor):
 
     def __init__(self, config: Config, **kwargs):
         super().__init__(config, **kwargs)
-        if utils.device_type == "cpu":
+        if tt_utils.device_type == "cpu":
             # MFU against a GPU's peak means nothing on a CPU; torchtitan prints N/A for it only under this flag
             self.has_quantization = True
 

@@ -1,49 +1,61 @@
-"""torchtitan's Trainer, with one step that reads top to bottom and callbacks at its named points.
+"""torchtitan's Trainer with the loop written out: every point of a step, in order, in ``train``.
 
-torchtitan's ``Trainer.train`` runs the loop: load, then per step ``should_continue_training``,
-``train_step``, the checkpoint save. This class fills in that loop; a step, in order:
+``LaneformerTrainer.train`` is torchtitan 0.3.0's ``Trainer.train`` and ``train_step`` in one loop
+(as torchtitan's own torchft trainer overrides ``train``), calling torchtitan's parts: the
+checkpointer, the batches, ``forward_backward_step``, clipping, the optimizers and schedulers, the
+metrics. A step, in order:
 
-1. ``pre_step`` callbacks (the heartbeat enters ``data``);
-2. forward and backward over the step's micro batches (``forward_backward``);
-3. torchtitan clips; the pre-clip norm and the step's global loss go to the ``pre_optim_step``
-   callbacks (the spike guard decides, on the device, whether the update applies);
-4. the optimizer update (``GuardedOptimizers``), then ``post_train_batch`` callbacks;
-5. torchtitan's checkpoint save when due, bracketed by ``pre_checkpoint`` and
-   ``post_checkpoint_saved`` (``checkpoint``);
-6. ``post_step`` callbacks, with the step safe on disk (asked by torchtitan's loop as
-   ``should_continue_training``, before the next step).
+1. ``pre_step`` callbacks (the heartbeat enters ``data``), then the step's batches;
+2. forward and backward over its micro batches (``forward_backward``);
+3. clipping; the pre-clip norm and the step's global loss go to the ``pre_optim_step`` callbacks
+   (the spike guard decides, on the device, whether the update applies);
+4. the update (``GuardedOptimizers``), the lr step, torchtitan's metrics at logging steps, then
+   ``post_train_batch`` callbacks;
+5. the checkpoint save when due, between ``pre_checkpoint`` and ``post_checkpoint_saved``
+   (``checkpoint``);
+6. ``post_step`` callbacks, with the step safe on disk.
 
-``pre_train`` runs once after the checkpoint load, ``post_train`` after the loop, ``on_error``
-when training stops on an exception. What runs at each point, in which phase and with which
-priority: the README's "One step, in order" table, built from ``train.callbacks``. What this
-changes of torchtitan itself is ``train.titan``.
+Before the first step: the checkpoint load, a preference run's reference pass
+(``train.preference.trainer``), then ``pre_train``; after the last: every rank meets at a barrier
+(torchtitan sleeps 2 s on rank 0), then ``post_train``; ``on_error`` when training stops on an
+exception. What runs at each point, in which phase and with which priority: the README's "One step,
+in order" table, built from ``train.callbacks``. What this changes of torchtitan itself is
+``train.titan``.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import torch
 import torch.distributed as dist
 import tyro
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from torchtitan.components.checkpointer.base import TRAIN_STATE
+from torchtitan.components.dataloader import DataloaderExhaustedError
+from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.distributed import utils as dist_utils
+from torchtitan.observability import structured_logger as sl
+from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from train.callbacks.callback import Callbacks
 from train.callbacks.spike_guard import SpikeGuard
 from train.health.heartbeat import Heartbeat
 from train.health.phases import Phase
-from train.titan import GuardedOptimizers, grad_norm_to, sleep_as_barrier
-
+from train.titan import GuardedOptimizers
 
 CALLBACKS_KEY = "callbacks"  # the callbacks' state in the trainer's checkpoint state (train.callbacks.callback)
 LEGACY_GUARD_KEY = "guard"  # the spike guard's, in checkpoints written before callbacks
+
+Batch = tuple[dict[str, torch.Tensor], torch.Tensor]  # torchtitan's (input_dict, labels)
 
 
 class LaneformerTrainer(Trainer):
@@ -55,22 +67,19 @@ class LaneformerTrainer(Trainer):
         compile_cache: str = ""  # TORCHINDUCTOR_CACHE_DIR for this process (train.build.compile_cache)
 
     def __init__(self, config: Config):
+        if config.parallelism.pipeline_parallel_degree > 1 or config.validator.enable:
+            raise ValueError("the loop (LaneformerTrainer.train) has no pipeline parallelism and no torchtitan "
+                             "validator: the in-loop evals are [eval]'s (train.callbacks.eval)")
         self.heartbeat = Heartbeat(Path(config.dump_folder))  # first: a stall while building is seen too
         if config.compile_cache:  # read by Inductor at its first compile (torch._inductor.runtime.cache_dir_utils)
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = config.compile_cache
         super().__init__(config)
         self.heartbeat.mark("built")
         assert isinstance(self.optimizers, GuardedOptimizers), "use GuardedOptimizers.Config"
-        self._loss_sum = torch.zeros((), device=self.device)  # this rank's loss of the step, over its micro batches
         self.step_loss: torch.Tensor | None = None  # the step's global loss, at pre_optim_step (on the device)
-        self.grad_norm: torch.Tensor | None = None  # the step's pre-clip norm, from torchtitan's clipping
+        self.grad_norm: torch.Tensor | None = None  # the step's pre-clip norm, at pre_optim_step (on the device)
         self.data_wait_s = 0.0  # seconds this rank waited for batches (train.callbacks.straggler)
-        self._micro_batch = 0  # of the step in progress
-        self._started = False  # whether pre_train has run (see should_continue_training)
         self.callbacks = Callbacks([c.build(trainer=self) for c in config.callbacks], self.enter)
-        self.checkpointer.before_save = self._before_save
-        self.checkpointer.after_save = lambda path: self.callbacks.call("post_checkpoint_saved", self, path,
-                                                                        then=Phase.CHECKPOINT)
 
     def enter(self, phase: Phase) -> None:
         """This rank enters ``phase`` of the current step: its heartbeat says so."""
@@ -81,70 +90,102 @@ class LaneformerTrainer(Trainer):
         self.heartbeat.mark("rendezvous")
         return parallel_dims
 
-    # -- the loop (torchtitan's Trainer.train calls these) --------------------------------------------
+    # -- the loop -----------------------------------------------------------------------------------
 
+    @record
     def train(self):
-        """torchtitan's loop (its checkpoint load and final save included; its closing sleep a barrier),
-        then ``post_train``."""
+        """The run: the load, the reference pass, ``pre_train``, the steps, the closing barrier and
+        ``post_train``, every point in the order the module's docstring lists; ``on_error`` when an
+        exception stops it."""
+        config = self.config
         self.enter(Phase.LOAD)
         try:
-            with sleep_as_barrier():
-                super().train()
+            self.checkpointer.load(step=config.checkpoint.load_step)
+            loaded_step = self.step
+            logger.info(f"Training starts at step {self.step + 1}")
+            self.reference_pass()
+            self.callbacks.call("pre_train", self)
+            with config.profiler.build(global_step=self.step, base_folder=config.dump_folder) as profiler:
+                data_iterator = self.batch_generator(self.dataloader)
+                while self.step < config.training.steps:
+                    self.step += 1
+                    sl.set_step(self.step, relative_step=self.step - loaded_step)
+                    self.gc_handler.run(self.step)
+                    self.callbacks.call("pre_step", self)
+                    try:
+                        batches = [next(data_iterator) for _ in range(self.gradient_accumulation_steps)]
+                    except DataloaderExhaustedError:
+                        logger.warning("Ran out of data; last step was canceled.")
+                        break
+
+                    self.enter(Phase.FORWARD_BACKWARD)
+                    loss, local_tokens, global_tokens = self.forward_backward(batches)
+
+                    self.enter(Phase.OPTIMIZER)
+                    grad_norm = dist_utils.clip_grad_norm_(
+                        [p for m in self.model_parts for p in m.parameters()], config.training.max_norm,
+                        foreach=True, ep_enabled=self.parallel_dims.ep_enabled)
+                    self.grad_norm, self.step_loss = grad_norm, loss
+                    if self.parallel_dims.dp_enabled:  # the step's global loss, on the device
+                        self.step_loss = dist_utils.dist_sum_tensor(loss, self.parallel_dims.get_mesh("batch"))
+                    self.callbacks.call("pre_optim_step", self)
+
+                    self.enter(Phase.OPTIMIZER)  # the update is optimizer time, whatever phase came before
+                    lr = self.lr_schedulers.get_metrics()  # the lr of this update, for its log
+                    self.checkpointer.maybe_wait_for_staging()
+                    self.optimizers.step()
+                    self.lr_schedulers.step()
+                    self.log_step(loss, grad_norm, local_tokens, global_tokens, lr)
+                    self.callbacks.call("post_train_batch", self)
+
+                    self.save_checkpoint(last_step=self.step == config.training.steps)
+                    profiler.step()
+                    if self.step - loaded_step == 1:  # this process has compiled: torchtitan's shorter timeout
+                        dist_utils.set_pg_timeouts(timedelta(seconds=config.comm.train_timeout_seconds),
+                                                   self.parallel_dims)
+                    self.callbacks.call("post_step", self, then=Phase.METRICS)
+            logger.info("Training completed")
+            if dist.is_initialized():  # every rank done with its last step and save (torchtitan sleeps 2 s)
+                dist.barrier()
             self.callbacks.call("post_train", self)
         except Exception as e:
             self.callbacks.call_on_error(self, e)
             raise
 
-    def should_continue_training(self) -> bool:
-        """torchtitan asks this before every step, that is after the checkpoint load (the first time)
-        or the previous step's save: ``pre_train`` or ``post_step`` runs here."""
-        if self._started:  # until the next step: torchtitan's garbage collection
-            self.callbacks.call("post_step", self, then=Phase.METRICS)
-        else:
-            self._started = True
-            self.callbacks.call("pre_train", self)
-        return super().should_continue_training()
+    # -- the step's parts, in the loop's order --------------------------------------------------------
 
-    def train_step(self, data_iterator):
-        self.callbacks.call("pre_step", self)
-        self._micro_batch = 0
-        with grad_norm_to(self._pre_optim_step):
-            self._torchtitan_step(data_iterator)
-        self.callbacks.call("post_train_batch", self)
+    def reference_pass(self) -> None:
+        """Before the first step, after the checkpoint load: a preference run's reference log-probs
+        (``train.preference.trainer``). Pretraining has none."""
 
-    def _torchtitan_step(self, data_iterator):
-        """torchtitan's step: data, forward/backward, clipping, the update. It stops on a non-finite
-        logged loss; a step the spike guard skipped is not a stop (the guard counts it)."""
-        try:
-            super().train_step(data_iterator)
-        except RuntimeError as e:
-            if not ("not finite" in str(e) and self.optimizers.skipped):
-                raise
+    def batch_generator(self, data_iterable):
+        """torchtitan's batches, with this rank's wait for each added to ``data_wait_s``."""
+        batches = super().batch_generator(data_iterable)
+        while True:
+            start = time.perf_counter()
+            batch = next(batches)  # torchtitan's generator raises its own error when the data runs out
+            self.data_wait_s += time.perf_counter() - start
+            yield batch
 
-    def forward_backward_step(self, **kwargs) -> torch.Tensor:
-        if self._micro_batch == 0:
-            self.enter(Phase.FORWARD_BACKWARD)
-        self._reduce_grads_now(last=self._micro_batch == self.gradient_accumulation_steps - 1)
-        self._micro_batch += 1
-        loss = super().forward_backward_step(**kwargs)
-        self._loss_sum += loss.detach()
-        return loss
-
-    def _pre_optim_step(self, grad_norm: torch.Tensor) -> None:
-        """Called with torchtitan's pre-clip gradient norm, before the optimizer update."""
-        self.enter(Phase.OPTIMIZER)
-        loss = self._loss_sum.clone()
-        self._loss_sum.zero_()
-        if self.parallel_dims.dp_enabled:  # the step's global loss, on the device
-            loss = dist_utils.dist_sum_tensor(loss, self.parallel_dims.get_mesh("batch"))
-        self.step_loss, self.grad_norm = loss, grad_norm
-        self.callbacks.call("pre_optim_step", self)
-
-    def _before_save(self, step: int) -> None:
-        self.enter(Phase.CHECKPOINT)
-        self.callbacks.call("pre_checkpoint", self, then=Phase.CHECKPOINT)
-
-    # -- the step's parts -------------------------------------------------------------------------
+    def forward_backward(self, batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """torchtitan's ``forward_backward_step`` on each micro batch, each loss normalised by the step's
+        valid tokens on all ranks; returns this rank's loss (the sum over its micro batches) and its and
+        all ranks' valid tokens."""
+        self.optimizers.zero_grad(set_to_none=self.config.training.disable_cuda_graphs)
+        local_tokens = torch.tensor(0, dtype=torch.int64)
+        for _, labels in batches:
+            local_tokens += (labels != IGNORE_INDEX).sum()
+        # on the device: normalising the loss needs no host sync
+        global_tokens = local_tokens.to(self.device)
+        if self.parallel_dims.dp_enabled:
+            global_tokens = dist_utils.dist_sum_tensor(global_tokens, self.parallel_dims.get_mesh("batch"))
+        loss = torch.zeros((), device=self.device)
+        for i, (input_dict, labels) in enumerate(batches):
+            self._reduce_grads_now(last=i == len(batches) - 1)
+            input_dict = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in input_dict.items()}
+            loss += self.forward_backward_step(input_dict=input_dict, labels=labels.to(self.device),
+                                               global_valid_tokens=global_tokens).detach()
+        return loss, local_tokens, global_tokens
 
     def _reduce_grads_now(self, last: bool) -> None:
         """``reduce_grads``: FSDP2's own switches defer gradient reduction to the step's last micro batch
@@ -158,14 +199,44 @@ class LaneformerTrainer(Trainer):
             else:
                 model.set_requires_all_reduce(last)
 
-    def batch_generator(self, data_iterable):
-        """torchtitan's batches, with this rank's wait for each added to ``data_wait_s``."""
-        batches = super().batch_generator(data_iterable)
-        while True:
-            start = time.perf_counter()
-            batch = next(batches)  # torchtitan's generator raises its own error when the data runs out
-            self.data_wait_s += time.perf_counter() - start
-            yield batch
+    def log_step(self, loss: torch.Tensor, grad_norm: torch.Tensor, local_tokens: torch.Tensor,
+                 global_tokens: torch.Tensor, lr: dict[str, float]) -> None:
+        """At logging steps, torchtitan's metrics: the global mean and the largest rank's loss, the pre-clip
+        norm, tokens seen, the lr. A non-finite loss stops the run (as torchtitan), unless the spike
+        guard skipped the step: it counts it instead, and the step logs no loss."""
+        if not self.metrics_processor.should_log(self.step):
+            return
+        if self.parallel_dims.dp_cp_enabled:
+            mesh = self.parallel_dims.get_optional_mesh("loss")
+            global_avg_loss, global_max_loss, global_ntokens_seen = (
+                dist_utils.dist_sum(loss, mesh),
+                dist_utils.dist_max(loss * global_tokens / local_tokens, mesh),  # this rank's mean token loss
+                dist_utils.dist_sum(torch.tensor(self.ntokens_seen, dtype=torch.int64, device=self.device), mesh),
+            )
+        else:
+            global_avg_loss = global_max_loss = float(loss.item())
+            global_ntokens_seen = self.ntokens_seen
+        if not math.isfinite(global_avg_loss):
+            if self.optimizers.skipped:
+                return
+            raise RuntimeError(f"Loss is not finite (global_avg_loss={global_avg_loss}) at step {self.step}. "
+                               "Stopping training.")
+        self.metrics_processor.log(self.step, global_avg_loss, global_max_loss, float(grad_norm.item()),
+                                   extra_metrics={"n_tokens_seen": global_ntokens_seen, **lr})
+
+    def save_checkpoint(self, last_step: bool = False) -> None:
+        """Save this step when due (torchtitan's interval, a milestone, the last step; ``last_step``
+        forces a full synchronous save: the last step's, a preemption's), between ``pre_checkpoint``
+        (a callback raising there saves nothing: a replica mismatch) and ``post_checkpoint_saved``."""
+        if not self.checkpointer.due(self.step, last_step):
+            return
+        self.enter(Phase.CHECKPOINT)
+        self.callbacks.call("pre_checkpoint", self, then=Phase.CHECKPOINT)
+        if self.checkpointer.save(self.step, last_step=last_step):
+            self.callbacks.call("post_checkpoint_saved", self, Path(self.checkpointer.folder) / f"step-{self.step}",
+                                then=Phase.CHECKPOINT)
+
+    # -- the trainer's state in a checkpoint ----------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         state = {**super().state_dict(), CALLBACKS_KEY: self.callbacks.state_json()}
@@ -173,7 +244,7 @@ class LaneformerTrainer(Trainer):
         if held is not None and f"{TRAIN_STATE}.{CALLBACKS_KEY}" not in held:
             # written before callbacks (round 4): the spike guard's state had a key of its own
             del state[CALLBACKS_KEY]
-            guard = self.callbacks.get(SpikeGuard.name).guard.state_dict()
+            guard = cast(SpikeGuard, self.callbacks.get(SpikeGuard.name)).guard.state_dict()
             if guard := {k: v for k, v in guard.items() if f"{TRAIN_STATE}.{LEGACY_GUARD_KEY}.{k}" in held}:
                 state[LEGACY_GUARD_KEY] = guard
         return state
@@ -183,7 +254,8 @@ class LaneformerTrainer(Trainer):
         if CALLBACKS_KEY in state_dict:
             self.callbacks.load_state_json(state_dict[CALLBACKS_KEY])
         elif LEGACY_GUARD_KEY in state_dict:
-            self.callbacks.get(SpikeGuard.name).load_state_dict({**state_dict[LEGACY_GUARD_KEY], "step": self.step})
+            guard_state = {**state_dict[LEGACY_GUARD_KEY], "step": self.step}
+            cast(SpikeGuard, self.callbacks.get(SpikeGuard.name)).load_state_dict(guard_state)
 
     @property
     def rank0(self) -> bool:

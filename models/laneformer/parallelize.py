@@ -98,7 +98,7 @@ def apply_fsdp(model: Laneformer, mesh, mp_policy: MixedPrecisionPolicy, reshard
         config["offload_policy"] = CPUOffloadPolicy()
     placement = lane_placement(model.config.n_lanes, shard_degree)  # None for parameters that are not lane weights
     # FSDP2 warns, for every block at every step, that a block returned a view: the residual stream is
-    # stored lanes first and returned as its [B, S, L, D] view (model.from_lanes; a copy would be one
+    # stored lanes first and returned as its [B, S, L, D] view (exchange.from_lanes; a copy would be one
     # more pass over a lane-wide tensor per layer). The danger it names is an in-place op on that view;
     # the model only adds out of place, and tests/models/test_fsdp_view_output.py checks every
     # gradient under FSDP2 against the unwrapped model. Only this warning, for this module, is silenced.

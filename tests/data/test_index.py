@@ -4,7 +4,6 @@ manifest, and gives the same samples as a fresh build."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from data.index import CACHE_ENV, SourceIndex, index_dir
 from data.mixture import Mixture, SourceSpec

@@ -116,7 +116,6 @@ def ids_line(stdout: str) -> list[int]:
 @pytest.mark.slow
 def test_lane_parallel_ids_equal_one_process(trained, tmp_path, capsys):
     from models.laneformer import generate as G
-    from models.laneformer.checkpoint import open_checkpoint
 
     spec, out = tmp_path / "spec.json", tmp_path / "ids.json"
     spec.write_text(json.dumps({"checkpoint": str(trained)}))

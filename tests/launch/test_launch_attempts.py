@@ -159,6 +159,7 @@ class FakeTrainer:
             self.waits += 1
 
         self.checkpointer = SimpleNamespace(save=save, maybe_wait_for_saving=wait)
+        self.save_checkpoint = lambda last_step=False: save(self.step, last_step)
         self.interval = interval
 
     @property

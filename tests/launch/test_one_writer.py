@@ -191,7 +191,7 @@ def test_launch_local_refuses_a_held_run_dir_before_writing_anything(tmp_path, s
                        *(f"--set={s}" for s in (f"run.output_dir={run}", *SETS, "training.steps=2"))])
     err = capsys.readouterr().err
     assert code == Exit.BAD_INPUT, err[-3000:]
-    assert f"is held by another launch whose ranks are alive" in err and f"pid {sleeper.pid}" in err
+    assert "is held by another launch whose ranks are alive" in err and f"pid {sleeper.pid}" in err
     assert tree(run) == before  # no attempts.jsonl, the holder's heartbeat still there
 
 

@@ -1,6 +1,6 @@
 """What silencing FSDP2's "returned a view tensor" warning assumes (models/laneformer/parallelize.py).
 
-A lane block returns its residual stream as a view (``model.from_lanes``). FSDP2 warns that an
+A lane block returns its residual stream as a view (``exchange.from_lanes``). FSDP2 warns that an
 in-place op on such a view would drop its pre-backward hook: the next block's parameters would not
 be gathered for backward and the gradients would be wrong. Here the tiny model runs forward and
 backward under FSDP2 (torchtitan's units, through ``apply_fsdp``) and unwrapped, from the same

@@ -151,7 +151,7 @@ def test_no_delay_equals_dense_transformer(flavor):
 def residual_trace(model, tokens, perturb=None):
     """Residual streams after every sub-block: [(layer, 'attn'|'mlp', x[B,S,L,D])] (the sub-blocks
     take and return lanes first: ``to_lanes``)."""
-    from models.laneformer.model import from_lanes
+    from models.laneformer.exchange import from_lanes
 
     trace, hooks = [], []
     for i, layer in model.layers.items():
@@ -209,7 +209,7 @@ def test_early_present_layers_reach_all_lanes_at_once():
 
 def attention_output(model, layer, x, positions=None):
     """The attention sub-block of ``x: [B, S, L, D]`` (it works lanes first: ``to_lanes``)."""
-    from models.laneformer.model import from_lanes, to_lanes
+    from models.laneformer.exchange import from_lanes, to_lanes
 
     tokens = torch.zeros(x.shape[:2], dtype=torch.long)
     block = model.layers[str(layer)]
@@ -280,7 +280,7 @@ def spec_update(cfg, outputs, i):
     {"late_mode": "flush", "delay": 1},
 ])
 def test_residual_updates_follow_the_spec_formula(variant):
-    from models.laneformer.model import from_lanes
+    from models.laneformer.exchange import from_lanes
 
     model = build("tiny", n_layers=6, window_layers=[], **variant)
     cfg = model.config
@@ -338,7 +338,7 @@ def test_the_normed_lane_matmul_equals_norm_then_separate_matmuls_forward_and_ba
                                                   ("present", False, False), ("present", True, False),
                                                   ("scaled", False, False)])
 def test_the_exchange_step_has_the_gradients_of_its_formula(reduce, sends, arrives, compiled=False):
-    from models.laneformer.model import _add_partial
+    from models.laneformer.exchange import _add_partial
 
     if compiled:  # lane_sum is a sum of lane slices there, and the block's layout lanes first
         torch._dynamo.reset()

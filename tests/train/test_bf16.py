@@ -65,7 +65,7 @@ def _exchange_custom(reduce, arrives, sends):
 
 def _cases():
     g = torch.Generator().manual_seed(0)
-    randn = lambda *shape, scale=1.0: torch.randn(*shape, generator=g) * scale  # noqa: E731
+    randn = lambda *shape, scale=1.0: torch.randn(*shape, generator=g) * scale
     qkv = (16, 16, 16)  # tiny: 8 heads and 8 KV heads of 16 over 8 lanes
     yield ("lane_matmul_wo", M._LaneMatmul.apply, lambda x, w: torch.einsum("lni,loi->lno", x, w),
            [randn(L, N, 16), randn(L, D, 16, scale=0.02)], [(L, N, D)])
@@ -87,7 +87,7 @@ def test_a_custom_autograd_function_in_bf16_errs_at_most_1_5x_plain_autograd(nam
     bf16 = [t.bfloat16() for t in inputs]
     out_grads = [torch.randn(s, generator=g).bfloat16() for s in out_shapes]
     exact = _grads(plain, [t.double() for t in bf16], [g.double() for g in out_grads])
-    error = lambda got: [((a.double() - e).norm() / e.norm()).item() for a, e in zip(got, exact, strict=True)]  # noqa: E731
+    error = lambda got: [((a.double() - e).norm() / e.norm()).item() for a, e in zip(got, exact, strict=True)]
     for i, (c, p) in enumerate(zip(error(_grads(custom, bf16, out_grads)), error(_grads(plain, bf16, out_grads)),
                                    strict=True)):
         assert c <= 1.5 * p if p > 0 else c == 0, f"{name}, input {i}: error {c:.3g} vs plain autograd's {p:.3g}"

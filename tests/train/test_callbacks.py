@@ -1,6 +1,6 @@
 """The step's lifecycle (train.callbacks): the order of the points and of the callbacks at each, as the
-README's "One step, in order" table says and as one real step runs; a callback's phase is declared,
-not derived from its class name; a beat shows a new phase at once."""
+README's "One step, in order" table says and as one real step of a pretraining and of a preference run
+runs; a callback's phase is declared, not derived from its class name; a beat shows a new phase at once."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ import time
 
 import pytest
 
+from data.tokenizer import TINY_TOKENIZER
 from launch.watchdog import Limits, allowance, stalled
+from models.laneformer.hf.export import export_hf
 from rundir import REPO
-from tests.conftest import env, short
+from tests.conftest import env, short, tiny_random_model
+from tests.train.pair_sources import write_pair_source
 from train import recipe as R
 from train.build import callbacks as callback_configs
 from train.callbacks.callback import POINTS, Callback, Callbacks
@@ -22,6 +25,7 @@ from train.health.heartbeat import Heartbeat, read_beats
 from train.health.phases import Phase, bucket
 
 TABLE_MARK = "<!-- one-step-table:"
+REFERENCE_PASS = "trainer: a preference run's reference pass"  # the table's row a pretraining run has not
 
 
 def readme_table() -> list[tuple[str, str, str, str]]:
@@ -53,7 +57,7 @@ def expected_sequence(rows) -> list:
 def every_callback_class(monkeypatch, tmp_path) -> list[type]:
     monkeypatch.setenv("LANEFORMER_TEST_BITFLIP", "0:1")  # the test-only one too
     recipe = R.load("tiny.toml", [f"run.output_dir={tmp_path}", "checkpoint.export_hf=true", "logging.report=true"])
-    preference = R.load("tiny-dpo.toml", [f"run.output_dir={tmp_path}"])  # pref_eval: preference runs only
+    preference = R.load("tiny-dpo.toml", [f"run.output_dir={tmp_path}"])  # a preference run's callbacks too
     return list(dict.fromkeys(c._owner for r in (recipe, preference) for c in callback_configs(r)))
 
 
@@ -135,7 +139,7 @@ def test_a_rank_that_blocks_right_after_a_phase_change_is_seen_in_the_new_phase(
 TRACE = """
 import json, runpy, sys
 sys.path.insert(0, {repo!r})
-from train.cpu import use_cpu_if_no_gpu
+from train.titan import use_cpu_if_no_gpu
 use_cpu_if_no_gpu()
 from train.callbacks.callback import Callbacks
 from train.trainer import LaneformerTrainer
@@ -158,24 +162,43 @@ runpy.run_path("train.py", run_name="__main__")
 """
 
 
-@pytest.mark.slow
-def test_one_step_runs_in_the_order_of_the_readme_table(tmp_path):
-    """Step 2 of a 2-step run logs, evaluates, saves and ends with an export and a report: every row acts."""
+def traced_step(tmp_path, recipe: str, *sets: str) -> list:
+    """Step 2 of a 2-step run that logs, evaluates, saves and ends with an export and a report, so every
+    row acts: the points and the trainer's own phases in the order they ran, with those before the first
+    step (step 0) and after the last."""
     trace = tmp_path / "trace.jsonl"
-    args = ["--recipe", "tiny.toml"]
-    for s in short(tmp_path, 2, "checkpoint.interval=2", "eval.every=2", "eval.val_samples=8",
-                   "checkpoint.export_hf=true", "logging.report=true", 'logging.wandb_mode="disabled"',
-                   "logging.tensorboard=false"):
+    args = ["--recipe", recipe]
+    for s in short(tmp_path, 2, "checkpoint.interval=2", "eval.every=2", "checkpoint.export_hf=true",
+                   "logging.report=true", 'logging.wandb_mode="disabled"', "logging.tensorboard=false", *sets):
         args += ["--set", s]
     result = subprocess.run([sys.executable, "-c", TRACE.format(repo=str(REPO), trace=str(trace), args=args)],
                             cwd=REPO, env={**env(), "LANEFORMER_TEST_BITFLIP": "0:99"},  # present, never due
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    events = [json.loads(line) for line in trace.read_text().splitlines()]
-    seq = [("phase", e["phase"]) if "phase" in e else ("point", e["point"], e["callbacks"]) for e in events
-           if e.get("point") in ("pre_train", "post_train") or e.get("phase") == "load" or e["step"] == 2]
-    expected = [e for e in expected_sequence(readme_table()) if e[:2] != ("point", "on_error")]
-    expected = [(*e[:2], [c for c in e[2] if c != "pref_eval"]) if e[0] == "point" else e  # preference runs only
-                for e in expected]
-    assert seq == expected
+    seq = []
+    for e in map(json.loads, trace.read_text().splitlines()):
+        event = ("phase", e["phase"]) if "phase" in e else ("point", e["point"], e["callbacks"])
+        if e["step"] in (0, 2) and (not seq or event != seq[-1] or event[0] == "point"):  # a phase beaten again: one
+            seq.append(event)
+    return seq
 
+
+@pytest.mark.slow
+def test_one_step_of_a_pretraining_run_runs_in_the_order_of_the_readme_table(tmp_path):
+    table = [r for r in readme_table() if r[0] != "on_error" and r[1] != REFERENCE_PASS]
+    assert traced_step(tmp_path, "tiny.toml", "eval.val_samples=8") == expected_sequence(table)
+
+
+@pytest.mark.slow
+def test_one_step_of_a_preference_run_runs_in_the_order_of_the_readme_table(tmp_path):
+    """The reference pass comes after the load, before ``pre_train``; the held-out pairs are scored at
+    ``pre_train`` (the baseline) and with the step's evals."""
+    model = tiny_random_model(seed=4)
+    export_hf(model.state_dict(), model.config, tmp_path / "base", tokenizer_dir=TINY_TOKENIZER.parent)
+    train = write_pair_source(tmp_path / "train", 8)
+    heldout = write_pair_source(tmp_path / "heldout", 4, seed=1, shards=1)
+    sets = (f'data.sources=[{{name = "pairs", path = "{train}", pairs = true, weight = 1.0, max_epochs = 100}}]',
+            f'preference.heldout=["{heldout}"]', f"checkpoint.init_from={tmp_path / 'base'}",
+            "schedule.warmup_steps=1", "schedule.decay_fraction=0.5")
+    table = [r for r in readme_table() if r[0] != "on_error"]
+    assert traced_step(tmp_path, "tiny-dpo.toml", *sets) == expected_sequence(table)

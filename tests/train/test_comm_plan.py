@@ -29,7 +29,7 @@ def counts(config):
 
     with torch.device("meta"):
         model = config.build()
-    count = lambda *modules: sum(p.numel() for m in modules for p in m.parameters())  # noqa: E731
+    count = lambda *modules: sum(p.numel() for m in modules for p in m.parameters())
     return count(model), count(model.norm, model.lm_head), count(model.tok_embeddings)
 
 

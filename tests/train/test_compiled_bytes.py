@@ -22,7 +22,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.laneformer.model import LaneRMSNorm, _add_partial, from_lanes
+from models.laneformer.exchange import _add_partial, from_lanes
+from models.laneformer.model import LaneRMSNorm
 from plan.compiled import _compile_layer
 
 
@@ -61,7 +62,7 @@ def test_a_compiled_exchange_moves_five_lane_wide_passes_forward_and_three_backw
     B, S, L, D, dtype = 2, 8, 8, 32, torch.bfloat16  # 8 lanes, as the flavors but tiny-4lane
     lane_wide = B * S * L * D * dtype.itemsize
 
-    def stored_lanes_first():  # as the layer gets them in training (models.laneformer.model.to_lanes)
+    def stored_lanes_first():  # as the layer gets them in training (models.laneformer.exchange.to_lanes)
         return from_lanes(torch.empty(L, B, S, D, dtype=dtype)).requires_grad_()
 
     kernels = _compile_layer(_Exchange(), tuple(stored_lanes_first() for _ in range(3)), 0)

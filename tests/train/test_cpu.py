@@ -1,4 +1,4 @@
-"""train.cpu: the CPU-only adjustments that let torchtitan's Trainer run here.
+"""train.cpu and train.titan.use_cpu_if_no_gpu: the CPU-only adjustments that let torchtitan's Trainer run here.
 
 The trainer itself runs on CPU in tests/train/test_train.py; the CPU attention
 kernel is tested in tests/models/test_attention.py.
@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from models.laneformer.attention import DenseMaskFlexAttention
-from train.cpu import adapt_config, has_gpu, use_cpu_if_no_gpu
+from train.cpu import adapt_config, has_gpu
+from train.titan import use_cpu_if_no_gpu
 
 cpu_only = pytest.mark.skipif(has_gpu(), reason="tests the CPU-only path")
 

@@ -60,7 +60,7 @@ def test_a_source_may_hold_out_otherwise_or_nothing():
     recipe = R.load("sft.toml", ["checkpoint.init_from=null"])
     assert {s.name: s.holdout for s in recipe.data.sources} == {
         "tulu3-mixture": 500, "self-oss-instruct": 500, "identity": 0, "code": 0.0001}
-    assert list(R.validation_sets(recipe)) == ["tulu3-mixture", "self-oss-instruct", "code"]
+    assert list(recipe.validation_sets) == ["tulu3-mixture", "self-oss-instruct", "code"]
 
 
 def test_the_dry_run_lists_each_held_out_set_with_what_its_shards_hold(tmp_path):

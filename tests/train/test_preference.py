@@ -18,8 +18,9 @@ from data.mixture import IGNORE_INDEX
 from tests.conftest import tiny_random_model
 from tests.train.pair_sources import write_pair_source
 from train.preference import reference
-from train.preference.loss import LOSSES, preference_loss, sequence_logps
-from train.preference.pairs import PairError, PairLoader, PairSet
+from train.preference.loss import LOSSES, PreferenceLoss, sequence_logps
+from data.pairs import PairError
+from data.pairs_loader import PairLoader, PairSet
 
 X = IGNORE_INDEX
 
@@ -29,15 +30,15 @@ def test_dpo_equals_torchtune_case_by_hand():
     0.1 x [0, 10, 20], so the losses are -log sigmoid([0, 1, 2])."""
     policy_chosen, policy_rejected = torch.tensor([-0.5, -10.0, -1.0]), torch.tensor([-0.1, -30.0, -21.0])
     ref_chosen, ref_rejected = torch.tensor([-0.5, -10.1, -0.1]), torch.tensor([-0.1, -20.1, -0.1])
-    losses, chosen, rejected = preference_loss("dpo", 0.1, policy_chosen, policy_rejected, ref_chosen, ref_rejected)
+    losses, chosen, rejected = PreferenceLoss("dpo", 0.1, 0.0, 0.0)(policy_chosen, policy_rejected, ref_chosen, ref_rejected)
     assert losses.tolist() == pytest.approx([0.6931, 0.3133, 0.1269], abs=1e-4)
     assert losses.tolist() == pytest.approx([math.log(2), math.log(1 + math.exp(-1)), math.log(1 + math.exp(-2))],
                                             rel=1e-6)
     assert chosen.tolist() == pytest.approx([0.0, 0.01, -0.09], abs=1e-6)  # 0.1 x (policy - reference)
     assert rejected.tolist() == pytest.approx([0.0, -0.99, -2.09], abs=1e-6)
     # label smoothing 0.2 (conservative DPO): 0.8 x -log sigmoid(z) + 0.2 x -log sigmoid(-z)
-    smoothed, _, _ = preference_loss("dpo", 0.1, policy_chosen, policy_rejected, ref_chosen, ref_rejected,
-                                     label_smoothing=0.2)
+    smoothed, _, _ = PreferenceLoss("dpo", 0.1, label_smoothing=0.2, gamma=0.0)(policy_chosen, policy_rejected, ref_chosen,
+                                                                     ref_rejected)
     z = 2.0
     assert float(smoothed[2]) == pytest.approx(0.8 * math.log(1 + math.exp(-z)) + 0.2 * math.log(1 + math.exp(z)))
 
@@ -66,28 +67,44 @@ def test_dpo_norm_and_dpo_by_hand():
     logits, labels = two_rows()
     ref = torch.tensor([-1.0])
     mean = sequence_logps(logits, labels, average=True)
-    losses, chosen, rejected = preference_loss("dpo_norm", 1.0, mean[:1], mean[1:], ref, ref)
+    losses, chosen, rejected = PreferenceLoss("dpo_norm", 1.0, 0.0, 0.0)(mean[:1], mean[1:], ref, ref)
     assert float(losses[0]) == pytest.approx(math.log(1 + 1 / math.sqrt(6)), rel=1e-6)
     assert float(chosen[0] - rejected[0]) == pytest.approx(math.log(math.sqrt(6)), rel=1e-6)
     total = sequence_logps(logits, labels, average=False)
-    losses, _, _ = preference_loss("dpo", 1.0, total[:1], total[1:], ref, ref)
+    losses, _, _ = PreferenceLoss("dpo", 1.0, 0.0, 0.0)(total[:1], total[1:], ref, ref)
     assert float(losses[0]) == pytest.approx(math.log(7 / 6), rel=1e-6)
 
 
 def test_simpo_by_hand_needs_no_reference():
     """SimPO: -log sigmoid(beta x (chosen - rejected) - gamma) on mean log-probs: 2 x (-1 - -2) - 0.5 = 1.5;
     rewards beta x log-probs."""
-    losses, chosen, rejected = preference_loss("simpo", 2.0, torch.tensor([-1.0]), torch.tensor([-2.0]), gamma=0.5)
+    losses, chosen, rejected = PreferenceLoss("simpo", 2.0, label_smoothing=0.0, gamma=0.5)(torch.tensor([-1.0]), torch.tensor([-2.0]))
     assert float(losses[0]) == pytest.approx(math.log(1 + math.exp(-1.5)), rel=1e-6)
     assert (float(chosen[0]), float(rejected[0])) == (-2.0, -4.0)
     with pytest.raises(ValueError, match="unknown preference loss 'ipo'"):
-        preference_loss("ipo", 0.1, torch.zeros(1), torch.zeros(1))
+        PreferenceLoss("ipo", 0.1, 0.0, 0.0)
 
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
     root = tmp_path_factory.mktemp("pairs")
     return write_pair_source(root / "train", 10, seed=0), write_pair_source(root / "more", 3, seed=1, shards=1)
+
+
+def test_held_out_pairs_are_scored_with_the_loss_the_trainer_trains_with(sources):
+    """train.callbacks.eval scores held-out pairs with the trainer's own ``preference_loss`` (built once): the
+    policy as its own reference gives ln 2 on every pair and wins none (ties)."""
+    from types import SimpleNamespace
+
+    from train.callbacks.eval import Eval
+    from train.preference.metrics import EVAL_ACCURACY, EVAL_LOSS
+
+    model, pairs, cpu = tiny_random_model(), PairSet([sources[1]], seq_len=32), torch.device("cpu")
+    logps = torch.from_numpy(reference.pair_logps(model, pairs, local_pairs=2, average=False, device=cpu))
+    trainer = SimpleNamespace(model_parts=[model], heldout_pairs=pairs, local_pairs=2, device=cpu,
+                              preference_loss=PreferenceLoss("dpo", 0.1, 0.0, 0.0), reference={"heldout": logps})
+    scored = Eval.held_out_pairs(trainer)
+    assert scored[EVAL_LOSS] == pytest.approx(math.log(2), rel=1e-6) and scored[EVAL_ACCURACY] == 0.0
 
 
 def test_pair_rows_are_chosen_then_rejected_with_answer_labels_and_padding_of_its_own(sources):

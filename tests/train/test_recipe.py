@@ -61,6 +61,20 @@ def test_bad_recipe_names_file_table_key(tmp_path, edit, message):
     assert str(err.value).startswith(path)
 
 
+def test_each_table_checks_itself_and_the_loader_names_the_file(tmp_path):
+    """A table's own values are checked when it is made (``__post_init__``, as torchtitan's configs), so the
+    tables of a recipe object are valid whoever makes them; the loader adds the file and the table."""
+    with pytest.raises(R.TableError, match=r"^steps: must be > 0 \(got 0\)$"):
+        R.Training(seq_len=64, global_batch=8, steps=0)
+    assert (R.Training(seq_len=64, global_batch_tokens=1024, total_tokens=5000).steps, R.Preference().gamma) == (
+        5, pytest.approx(0.03))
+    path = write(tmp_path, GOOD)
+    with pytest.raises(R.RecipeError) as e:
+        R.load(path, ["training.steps=0", "optimizer.lr=-1.0"])
+    assert str(e.value).splitlines() == [  # every table's problem at once, in the recipe's order of tables
+        f"{path}: [optimizer] lr: must be > 0 (got -1.0)", f"{path}: [training] steps: must be > 0 (got 0)"]
+
+
 def test_missing_recipe_file():
     with pytest.raises(R.RecipeError, match="no-such.toml: recipe file not found"):
         R.load("no-such.toml")

@@ -121,7 +121,7 @@ def test_spikes_that_come_back_are_rolled_back_and_their_data_skipped(tmp_path):
 KILL_AND_RESUME = """
 import os, signal, sys
 sys.path.insert(0, "REPO_DIR")
-from train.cpu import use_cpu_if_no_gpu
+from train.titan import use_cpu_if_no_gpu
 use_cpu_if_no_gpu()
 import torch.distributed as dist
 from torchtitan.components.loss import CrossEntropyLoss

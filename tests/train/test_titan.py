@@ -1,14 +1,17 @@
-"""train.titan changes torchtitan 0.3.0 in a few places; each relies on a signature of torchtitan's
-or on a line of its loop. When torchtitan's side changes, this fails, before a run silently loses
-the spike guard's norm, the last step's log or the points around a save."""
+"""train.titan changes torchtitan 0.3.0 in a few places, and LaneformerTrainer.train ports its loop; each
+relies on a signature of torchtitan's or on the source it was ported from. When torchtitan's side
+changes, this fails, before a run silently loses the spike guard's norm, the last step's log or a part
+of torchtitan's step. Nothing else in train/ changes torchtitan, and no trainer hangs work on
+torchtitan's loop (``should_continue_training``)."""
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import inspect
 
-from torchtitan.trainer import Trainer
-
-from train.titan import TORCHTITAN_API
+from rundir import REPO
+from train.titan import TORCHTITAN_API, TORCHTITAN_LOOP
 
 
 def test_every_torchtitan_signature_train_titan_relies_on_is_unchanged():
@@ -16,18 +19,14 @@ def test_every_torchtitan_signature_train_titan_relies_on_is_unchanged():
                for (owner, name), expected in TORCHTITAN_API.items()
                if expected is not None and str(inspect.signature(getattr(owner, name))) != expected}
     assert changed == {}
-    for owner, name in TORCHTITAN_API:  # the ones any signature will do for must still exist
-        assert callable(getattr(owner, name)), (owner, name)
+    for owner, name in TORCHTITAN_API:  # the ones any signature (or value) will do for must still exist
+        assert hasattr(owner, name), (owner, name)
 
 
-def test_torchtitans_loop_still_calls_what_the_trainer_fills_in():
-    """LaneformerTrainer's step relies on these lines of torchtitan's loop and step."""
-    step, loop = inspect.getsource(Trainer.train_step), inspect.getsource(Trainer.train)
-    assert "dist_utils.clip_grad_norm_(" in step  # grad_norm_to swaps the module attribute
-    assert step.index("clip_grad_norm_(") < step.index("self.optimizers.step()")  # the norm comes before the update
-    assert "self.forward_backward_step(" in step
-    assert "while self.should_continue_training():" in loop  # post_step and pre_train run there
-    assert loop.index("self.train_step(") < loop.index("self.checkpointer.save(")  # post_step sees the step saved
+def test_the_loop_is_ported_from_torchtitans_unchanged_train_and_train_step():
+    changed = [f"{owner.__name__}.{name}" for (owner, name), digest in TORCHTITAN_LOOP.items()
+               if hashlib.sha256(inspect.getsource(getattr(owner, name)).encode()).hexdigest()[:16] != digest]
+    assert changed == []
 
 
 def test_the_check_sees_a_changed_signature(monkeypatch):
@@ -38,27 +37,55 @@ def test_the_check_sees_a_changed_signature(monkeypatch):
     assert str(inspect.signature(CheckpointManager._should_save)) != expected
 
 
-def test_torchtitans_closing_sleep_is_its_only_one_and_the_trainer_skips_it(caplog):
-    """``sleep_as_barrier`` relies on Trainer.train's only ``time.sleep`` being the 2 s after ``SLEEP_LOG``;
-    inside it neither the sleep nor its line happens, and both are back after it."""
-    import time
+def torchtitan_names(tree: ast.Module) -> set[str]:
+    """The names a module binds to torchtitan's modules and objects (``import torchtitan.x as y``,
+    ``from torchtitan.x import y``)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torchtitan":
+            names.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(a.asname for a in node.names if a.asname and a.name.split(".")[0] == "torchtitan")
+    return names
 
-    import torchtitan.trainer as titan_trainer
 
-    from train.titan import SLEEP_LOG, sleep_as_barrier
+def assignments_into(tree: ast.Module, names: set[str]) -> list[tuple[str, str]]:
+    """(name, attribute) of every ``name.attribute = ...`` (or ``+=``, ``del``, ``setattr(name, ...)``) whose name
+    is one of ``names``."""
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and node.args:
+            targets = [ast.Attribute(value=node.args[0], attr="?")]
+        found += [(t.value.id, t.attr) for t in targets
+                  if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in names]
+    return found
 
-    source = inspect.getsource(titan_trainer)
-    assert source.count("time.sleep(") == 1 and "time.sleep(2)" in inspect.getsource(Trainer.train)
-    assert f'logger.info("{SLEEP_LOG}")' in inspect.getsource(Trainer.train)
-    with caplog.at_level("INFO"), sleep_as_barrier():
-        start = time.perf_counter()
-        titan_trainer.time.sleep(2)
-        titan_trainer.logger.info(SLEEP_LOG)
-        titan_trainer.logger.info("Training completed")
-        assert time.perf_counter() - start < 1.5  # not slept
-        assert titan_trainer.time.perf_counter is time.perf_counter  # the clock its loop reads, unchanged
-    assert titan_trainer.time is time
-    assert [r.getMessage() for r in caplog.records] == ["Training completed"]
-    with caplog.at_level("INFO"):
-        titan_trainer.logger.info(SLEEP_LOG)
-    assert caplog.records[-1].getMessage() == SLEEP_LOG
+
+def test_only_train_titan_assigns_into_torchtitan_and_only_what_it_pins():
+    pinned = {(getattr(owner, "__name__", ""), name) for owner, name in TORCHTITAN_API}
+    outside, unpinned = [], []
+    for path in sorted((REPO / "train").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        names = torchtitan_names(tree)
+        hits = assignments_into(tree, names)
+        if path.name == "titan.py" and path.parent.name == "train":
+            import train.titan as titan
+
+            unpinned = [hit for hit in hits if (getattr(titan, hit[0]).__name__, hit[1]) not in pinned]
+        else:
+            outside += [f"{path.relative_to(REPO)}: {name}.{attr}" for name, attr in hits]
+            if "sys.modules" in path.read_text():  # a module's namespace reached another way
+                outside.append(f"{path.relative_to(REPO)}: sys.modules")
+    assert outside == [] and unpinned == []
+
+
+def test_no_trainer_overrides_torchtitans_loop_hooks():
+    """The loop is LaneformerTrainer.train: a step's work is in it, not in ``should_continue_training`` (which
+    torchtitan's loop asks before every step) or an override of ``train_step``."""
+    overrides = [f"{path.relative_to(REPO)}: {node.name}"
+                 for path in sorted((REPO / "train").rglob("*.py"))
+                 for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.FunctionDef) and node.name in ("should_continue_training", "train_step")]
+    assert overrides == []

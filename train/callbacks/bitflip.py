@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from torchtitan.config import Configurable
 
-from train.callbacks.callback import Callback, LaneformerTrainer
+from train.callbacks.callback import Callback, TrainerView
 from train.health.consistency import WORDS, local
 from train.health.phases import Phase
 
@@ -23,7 +23,7 @@ BITFLIP_ENV = "LANEFORMER_TEST_BITFLIP"
 TARGETS = ("params", "optimizer")
 
 
-class BitFlip(Callback, Configurable):
+class BitFlip(Callback[TrainerView], Configurable):
     name = "test_bitflip"
     priority = 300  # before the replica check
     phase = Phase.REPLICA_CHECK
@@ -32,13 +32,13 @@ class BitFlip(Callback, Configurable):
     class Config(Configurable.Config):
         spec: str  # RANK:STEP[:TARGET]
 
-    def __init__(self, config: Config, trainer: LaneformerTrainer):
+    def __init__(self, config: Config, trainer: TrainerView):
         rank, step, *target = config.spec.split(":")
         self.rank, self.step, self.target = int(rank), int(step), (target or ["params"])[0]
         if self.target not in TARGETS or len(target) > 1:
             raise ValueError(f"{BITFLIP_ENV}={config.spec}: expected RANK:STEP[:{'|'.join(TARGETS)}]")
 
-    def post_train_batch(self, trainer: LaneformerTrainer) -> None:
+    def post_train_batch(self, trainer: TrainerView) -> None:
         if (dist.get_rank(), trainer.step) == (self.rank, self.step):
             if self.target == "params":
                 flipped = flip_bit(p for m in trainer.model_parts for p in m.parameters())

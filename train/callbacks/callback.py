@@ -22,6 +22,13 @@ stall watchdog allows it and where goodput books its time). They are called in (
 order, the same on every rank. A callback with state saves it with the checkpoint
 (``state_dict``/``load_state_dict``, JSON-able, equal on every rank), so a restart continues its
 counts instead of starting them again.
+
+A point is handed the trainer as a typed view, as OLMo-core types the trainer its callbacks see:
+``TrainerView`` names everything a callback may read or call, ``PreferenceTrainerView`` adds a
+preference run's; a callback is a ``Callback[TrainerView]`` (or of the preference view), and mypy
+(``make test``) fails one that reaches past its view. Two rules are defined here once: a point that
+acts only at logging steps is marked ``at_logging_steps``, and host-side agreement between ranks
+goes over ``bookkeeping_group``.
 """
 
 from __future__ import annotations
@@ -29,48 +36,182 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
+import torch
+import torch.distributed as dist
+
+from torchtitan.components.checkpointer import CheckpointManager
+from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.components.optimizer import OptimizersContainer
+from torchtitan.config.configs import TrainingConfig
+from torchtitan.distributed import ParallelDims
+
+from data.loader import BatchLoaderSlot, SentencePieceTokenizer
+from data.pairs_loader import PairSet
+from train.health.heartbeat import Heartbeat
 from train.health.phases import Phase
-
-# The trainer every point is handed: train.trainer.LaneformerTrainer. It stands above this room (it calls
-# the callbacks), so it is named here for the annotations, never imported (tests/test_layers.py).
-LaneformerTrainer = Any
+from train.preference.loss import PreferenceLoss
 
 POINTS = ("pre_train", "pre_step", "pre_optim_step", "post_train_batch", "pre_checkpoint", "post_checkpoint_saved",
           "post_step", "post_train", "on_error")
 
 
-class Callback:
+class RunConfig(Protocol):
+    """What a callback reads of the trainer's config: the run dir and torchtitan's ``[training]``."""
+
+    @property
+    def dump_folder(self) -> str: ...
+
+    @property
+    def training(self) -> TrainingConfig: ...
+
+
+@runtime_checkable
+class TrainerView(Protocol):
+    """The trainer as a callback sees it: everything a callback may read or call, read-only (the trainer,
+    ``train.trainer.LaneformerTrainer``, stands above this room, so it is named by this contract, never
+    imported). A path not named here fails the type check (``make test``); a new need adds it here, so
+    the trainer's rewrite knows what it must keep. Checkable at run time (``isinstance``): the trainer
+    derives from torchtitan's, which mypy reads as Any, so only a real trainer shows it has every name."""
+
+    @property
+    def step(self) -> int: ...  # the step in progress (after it, the step done)
+
+    @property
+    def config(self) -> RunConfig: ...
+
+    @property
+    def rank0(self) -> bool: ...  # whether this rank writes the run's shared files
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def model_parts(self) -> list[torch.nn.Module]: ...
+
+    @property
+    def optimizers(self) -> OptimizersContainer: ...  # train.titan.GuardedOptimizers: ``skip`` is the guard's
+
+    @property
+    def checkpointer(self) -> CheckpointManager: ...  # train.titan.MilestoneCheckpointManager
+
+    @property
+    def metrics_processor(self) -> MetricsProcessor: ...  # train.titan.LaneformerMetrics: ``logger`` logs
+
+    @property
+    def parallel_dims(self) -> ParallelDims: ...
+
+    @property
+    def dataloader(self) -> BatchLoaderSlot: ...
+
+    @property
+    def tokenizer(self) -> SentencePieceTokenizer: ...
+
+    @property
+    def heartbeat(self) -> Heartbeat: ...
+
+    @property
+    def callbacks(self) -> Callbacks: ...  # one callback reading another's state (the rollback, the guard's)
+
+    @property
+    def step_loss(self) -> torch.Tensor | None: ...  # the step's global loss, from pre_optim_step on
+
+    @property
+    def grad_norm(self) -> torch.Tensor | None: ...  # the step's pre-clip norm, from pre_optim_step on
+
+    @property
+    def data_wait_s(self) -> float: ...  # seconds this rank waited for batches so far
+
+    def enter(self, phase: Phase) -> None:
+        """This rank enters ``phase``: its heartbeat says so."""
+
+    def save_checkpoint(self, last_step: bool = False) -> None:
+        """The loop's save of this step, between the ``pre_checkpoint`` and ``post_checkpoint_saved``
+        callbacks (``last_step``: torchtitan's forced save, a preemption's)."""
+
+
+@runtime_checkable
+class PreferenceTrainerView(TrainerView, Protocol):
+    """A preference run's trainer (``train.preference.trainer.PreferenceTrainer``): what a callback reads
+    beyond a pretraining one's (the eval, of its held-out pairs). Checkable at run time, so a callback of
+    both kinds of run narrows to it with ``isinstance``."""
+
+    @property
+    def preference_loss(self) -> PreferenceLoss: ...
+
+    @property
+    def heldout_pairs(self) -> PairSet | None: ...
+
+    @property
+    def reference(self) -> dict[str, torch.Tensor]: ...  # role ("train", "heldout") -> [pairs, 2] log-probs
+
+    @property
+    def local_pairs(self) -> int: ...  # pairs per micro batch on this rank
+
+
+# The view a callback is written against: TrainerView, or PreferenceTrainerView for one of preference runs only.
+View = TypeVar("View", bound=TrainerView, contravariant=True)
+Hook = TypeVar("Hook", bound=Callable[..., None])
+LOGGING_STEPS = "_at_logging_steps"
+
+
+def at_logging_steps(hook: Hook) -> Hook:
+    """Run a point's ``hook`` only at logging steps (``metrics_processor.should_log``: where the step's
+    loss is read anyway, so what the callback reads and logs adds no host sync to the other steps).
+    The one gate of every callback that logs, asked once per point by ``Callbacks.call``."""
+    setattr(hook, LOGGING_STEPS, True)
+    return hook
+
+
+def bookkeeping_group() -> dist.ProcessGroup | None:
+    """The ranks' group for the callbacks' host-side agreements (the preemption flag, the straggler's
+    timings, the export's errors): gloo, so agreeing needs no device sync. One per process group
+    (OLMo-core's bookkeeping group), made by its first user at the same point on every rank (making a
+    group is collective); None without other ranks."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    world = dist.group.WORLD
+    if world not in _bookkeeping:
+        group = dist.new_group(backend="gloo")
+        assert isinstance(group, dist.ProcessGroup)  # every rank is a member
+        _bookkeeping[world] = group
+    return _bookkeeping[world]
+
+
+_bookkeeping: dict[Any, dist.ProcessGroup] = {}  # the world's group -> its own: a new world gets a new one
+
+
+class Callback(Generic[View]):
     name: ClassVar[str]  # its key in the checkpoint and in the README's table
     priority: ClassVar[int] = 0
     phase: ClassVar[Phase]
 
-    def pre_train(self, trainer: LaneformerTrainer) -> None:
+    def pre_train(self, trainer: View) -> None:
         """Once per launch, after the checkpoint load, before the first step."""
 
-    def pre_step(self, trainer: LaneformerTrainer) -> None:
+    def pre_step(self, trainer: View) -> None:
         """A step begins (``trainer.step`` is its number), before its data is read."""
 
-    def pre_optim_step(self, trainer: LaneformerTrainer) -> None:
+    def pre_optim_step(self, trainer: View) -> None:
         """After forward/backward and clipping, before the optimizer update."""
 
-    def post_train_batch(self, trainer: LaneformerTrainer) -> None:
+    def post_train_batch(self, trainer: View) -> None:
         """After the optimizer update, before the step's checkpoint save."""
 
-    def pre_checkpoint(self, trainer: LaneformerTrainer) -> None:
+    def pre_checkpoint(self, trainer: View) -> None:
         """Before any checkpoint save; raising saves nothing."""
 
-    def post_checkpoint_saved(self, trainer: LaneformerTrainer, path: Path) -> None:
+    def post_checkpoint_saved(self, trainer: View, path: Path) -> None:
         """After a save of ``path`` (an async save may still be writing)."""
 
-    def post_step(self, trainer: LaneformerTrainer) -> None:
+    def post_step(self, trainer: View) -> None:
         """After the step and its checkpoint save."""
 
-    def post_train(self, trainer: LaneformerTrainer) -> None:
+    def post_train(self, trainer: View) -> None:
         """Once, after the loop's final checkpoint save."""
 
-    def on_error(self, trainer: LaneformerTrainer, error: Exception) -> None:
+    def on_error(self, trainer: View, error: Exception) -> None:
         """Training stops on ``error`` (it is raised again after every callback's on_error)."""
 
     def state_dict(self) -> dict[str, Any]:
@@ -83,26 +224,30 @@ class Callback:
 class Callbacks:
     """The run's callbacks in calling order, and the one place that calls a point."""
 
-    def __init__(self, callbacks: list[Callback], enter: Callable[[Phase], None]):
+    def __init__(self, callbacks: list[Callback[Any]], enter: Callable[[Phase], None]):
         names = [c.name for c in callbacks]
         if len(set(names)) != len(names):
             raise ValueError(f"two callbacks share a name: {sorted(names)}")
         self.all = sorted(callbacks, key=lambda c: (-c.priority, c.name))
         self.enter = enter  # the trainer's: its heartbeat enters the callback's phase
 
-    def get(self, name: str) -> Callback:
+    def get(self, name: str) -> Callback[Any]:
         """The callback called ``name`` (one callback reading another's state, e.g. the rollback the guard's)."""
         return next(c for c in self.all if c.name == name)
 
-    def at(self, point: str) -> list[Callback]:
+    def at(self, point: str) -> list[Callback[Any]]:
         """The callbacks that act at ``point`` (that override it), in calling order."""
         return [c for c in self.all if getattr(type(c), point) is not getattr(Callback, point)]
 
-    def call(self, point: str, trainer: LaneformerTrainer, *args, then: Phase | None = None) -> None:
-        """Call ``point`` on every callback acting there, each under its phase; ``then``: the phase
-        to go back to afterwards (a point inside the trainer's own phase, such as a save; after the
-        step, what runs until the next one), so a phase holds only its callback's own time."""
+    def call(self, point: str, trainer: TrainerView, *args: Any, then: Phase | None = None) -> None:
+        """Call ``point`` on every callback acting there, each under its phase (those ``at_logging_steps``
+        only at a logging step); ``then``: the phase to go back to afterwards (a point inside the
+        trainer's own phase, such as a save; after the step, what runs until the next one), so a phase
+        holds only its callback's own time."""
         acting = self.at(point)
+        gated = [c for c in acting if getattr(getattr(type(c), point), LOGGING_STEPS, False)]
+        if gated and not trainer.metrics_processor.should_log(trainer.step):
+            acting = [c for c in acting if c not in gated]
         for callback in acting:
             self.enter(callback.phase)
             getattr(callback, point)(trainer, *args)
@@ -122,7 +267,7 @@ class Callbacks:
             if c.name in state:
                 c.load_state_dict(state[c.name])
 
-    def call_on_error(self, trainer: LaneformerTrainer, error: Exception) -> None:
+    def call_on_error(self, trainer: TrainerView, error: Exception) -> None:
         """``on_error`` on every callback acting there; one that fails is logged, never replaces ``error``."""
         for callback in self.at("on_error"):
             try:

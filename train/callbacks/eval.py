@@ -4,9 +4,19 @@ Validation loss and bits-per-byte on every held-out set (each source's
 held-out documents, data.holdout, and any ``[eval] val_sources``), per set
 and as their token-weighted mean, over the tokens training learns from (chat
 sources' masked labels are left out, as in the training loss); DCLM CORE on a bundle, lm-eval tasks, and a small EvalPlus
-subset (HumanEval+/MBPP+, e.g. during SFT). Results go to stdout, the metric loggers
-(tensorboard, wandb) and ``<run>/evals/step-<N>.json`` with the eval's wall
-time. A failing part is logged and written to that JSON; the others and training go on.
+subset (HumanEval+/MBPP+, e.g. during SFT). Then, in a preference run with held-out pairs
+(``[preference] heldout``), those pairs: ``eval/pref_loss`` and ``eval/pref_accuracy`` (the share of
+pairs whose chosen reward beats the rejected one), also before step 1 (logged as step 0, not on
+resume): the baseline the curves start from; for ``dpo`` and ``dpo_norm`` the policy is the reference
+then, so the loss is ln 2 and no pair is won (ties). The policy's log-probs are taken now with the
+run's own loss (``trainer.preference_loss``); the reference's are the init checkpoint's, computed
+before step 1 with the training pairs' (train.preference.reference), never the trained policy's
+(TRL #1148 took eval log-probs from the policy).
+
+One callback, so one rule for when an eval is due, one order (the model's evals, then the held-out
+pairs, each logged on its own) and one writer of ``<run>/evals/step-<N>.json``, with all of a step's
+results and the model evals' wall time. A failing part is logged and written to that JSON; the others
+and training go on.
 """
 
 from __future__ import annotations
@@ -17,6 +27,8 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -29,9 +41,11 @@ from torchtitan.tools.logging import logger
 import rundir
 from data.mixture import IGNORE_INDEX, Mixture, SourceSpec
 from eval.spec import EvalSpec
-from train.callbacks.callback import Callback, LaneformerTrainer
+from train.callbacks.callback import Callback, PreferenceTrainerView, TrainerView
 from train.health.phases import Phase
 from train.metric_names import VAL_BPB, VAL_LOSS, per_set
+from train.preference.metrics import EVAL_ACCURACY, EVAL_LOSS
+from train.preference.reference import pair_logps
 
 
 def token_bytes(sp) -> np.ndarray:
@@ -56,7 +70,7 @@ def validation_rows(val_samples: int, micro: int, world: int, rank: int) -> list
     return [np.where(r < val_samples, r, -1) for r in rows]
 
 
-class Eval(Callback, Configurable):
+class Eval(Callback[TrainerView], Configurable):
     name = "eval"
     phase = Phase.EVAL
 
@@ -67,38 +81,73 @@ class Eval(Callback, Configurable):
         spec: EvalSpec = field(default_factory=EvalSpec)  # what to evaluate: the recipe's [eval]
         chat_template: str | None = None  # the run's (recipe [data] chat_template, resolved), for EvalPlus's chat
         val_sets: dict[str, str] = field(default_factory=dict)  # name -> held-out dir (train.recipe.validation_sets)
+        pairs: bool = False  # a preference run with [preference] heldout: its trainer's held-out pairs too
 
-    def __init__(self, config: Config, trainer: LaneformerTrainer):
+    def __init__(self, config: Config, trainer: TrainerView):
         self.config = config
         self._val: dict[str, Mixture] | None = None
+        self.parts: dict[str, Callable[[TrainerView], dict[str, float]]] = \
+            {"validation": self.validation} if config.val_sets else {}
+        self.parts.update({name: self._benchmark(spec) for name, spec in config.spec.benchmarks().items()})
 
-    def post_step(self, trainer: LaneformerTrainer) -> None:
+    def pre_train(self, trainer: TrainerView) -> None:
+        if self.config.pairs and trainer.step == 0:  # not a resumed run: it has its baseline
+            results, errors = self.score(trainer, 0, {"held-out pairs": self.held_out_pairs})
+            self.log(trainer, 0, results)
+            self.write(trainer, 0, results, errors)
+
+    def post_step(self, trainer: TrainerView) -> None:
         c, step = self.config, trainer.step
-        due = (c.every and step % c.every == 0) or (c.at_end and step == trainer.config.training.steps)
-        parts = {"validation": self.validation} if c.val_sets else {}
-        parts.update({name: self._benchmark(spec) for name, spec in c.spec.benchmarks().items()})
-        if not due or not parts:
+        if not ((c.every and step % c.every == 0) or (c.at_end and step == trainer.config.training.steps)):
             return
-        start, results, errors = time.perf_counter(), {}, []
-        model = trainer.model_parts[0]
-        model.eval()
+        results: dict[str, float] = {}
+        errors: list[str] = []
+        if self.parts:  # without autograd, in eval mode, timed
+            start = time.perf_counter()
+            model = trainer.model_parts[0]
+            model.eval()
+            with torch.no_grad():
+                results, errors = self.score(trainer, step, self.parts)
+            model.train()
+            results["eval/wall_time_s"] = time.perf_counter() - start
+            self.log(trainer, step, results)
+        if c.pairs:
+            pairs, failed = self.score(trainer, step, {"held-out pairs": self.held_out_pairs})
+            self.log(trainer, step, pairs)
+            results, errors = {**results, **pairs}, errors + failed
+        self.write(trainer, step, results, errors)
+
+    @staticmethod
+    def score(trainer: TrainerView, step: int,
+              parts: dict[str, Callable[[TrainerView], dict[str, float]]]) -> tuple[dict[str, float], list[str]]:
+        """Run ``parts`` in order: their results, and the errors of those that failed (an eval never
+        stops training)."""
+        results: dict[str, float] = {}
+        errors: list[str] = []
         for name, run in parts.items():
-            try:  # an eval must never stop training
-                with torch.no_grad():
-                    results.update(run(trainer))
+            try:
+                results.update(run(trainer))
             except Exception as e:
                 errors.append(f"{name}: {type(e).__name__}: {e}")
                 logger.error(f"eval at step {step} failed: {errors[-1]}\n{traceback.format_exc()}")
-        model.train()
-        results["eval/wall_time_s"] = time.perf_counter() - start
-        trainer.metrics_processor.logger.log(results, step)
-        if dist.get_rank() == 0:
-            logger.info(f"eval at step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in results.items()))
-            out = rundir.eval_file(trainer.config.dump_folder, step)
+        return results, errors
+
+    @staticmethod
+    def log(trainer: TrainerView, step: int, results: dict[str, float]) -> None:
+        if results:
+            trainer.metrics_processor.logger.log(results, step)
+            if trainer.rank0:
+                logger.info(f"eval at step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in results.items()))
+
+    @staticmethod
+    def write(trainer: TrainerView, step: int, results: dict[str, float], errors: list[str]) -> None:
+        """The step's evals file (rank 0), with all its results and errors."""
+        if trainer.rank0 and (results or errors):
+            out = rundir.eval_file(Path(trainer.config.dump_folder), step)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps({"step": step, "metrics": results, "errors": errors}, indent=2) + "\n")
 
-    def validation(self, trainer: LaneformerTrainer) -> dict[str, float]:
+    def validation(self, trainer: TrainerView) -> dict[str, float]:
         """Mean loss (nats/token) and bits per byte over the first val_samples samples of each held-out
         set, per set and over all of them (weighted by each set's tokens)."""
         seq_len, micro = trainer.config.training.seq_len, trainer.config.training.local_batch_size
@@ -134,9 +183,9 @@ class Eval(Callback, Configurable):
         nats, tokens, nbytes = totals.sum(0).tolist()
         return {VAL_LOSS: nats / tokens, VAL_BPB: nats / math.log(2) / nbytes, **results}
 
-    def _benchmark(self, spec: EvalSpec) -> Callable[[LaneformerTrainer], dict[str, float]]:
+    def _benchmark(self, spec: EvalSpec) -> Callable[[TrainerView], dict[str, float]]:
         """Scores ``spec`` (one benchmark) on the training model, through eval.suite."""
-        def run(trainer: LaneformerTrainer) -> dict[str, float]:
+        def run(trainer: TrainerView) -> dict[str, float]:
             from eval.suite import evaluate
 
             model = trainer.model_parts[0]
@@ -144,3 +193,16 @@ class Eval(Callback, Configurable):
                             max_seq_len=trainer.config.training.seq_len, device=trainer.device,
                             log=logger.info if dist.get_rank() == 0 else None, chat_template=self.config.chat_template)
         return run
+
+    @staticmethod
+    def held_out_pairs(trainer: TrainerView) -> dict[str, float]:
+        """The preference loss and accuracy on the trainer's held-out pairs (train.preference.trainer),
+        with autograd on, as the reference pass (train.preference.reference.pair_logps says why)."""
+        trainer = cast(PreferenceTrainerView, trainer)  # pairs: set for a preference run only (train.preference.build)
+        assert trainer.heldout_pairs is not None, "pairs: set with [preference] heldout only (train.preference.build)"
+        objective = trainer.preference_loss
+        policy = torch.from_numpy(pair_logps(trainer.model_parts[0], trainer.heldout_pairs, trainer.local_pairs,
+                                             objective.average, trainer.device)).double()
+        ref = trainer.reference["heldout"].double().cpu().unbind(1) if objective.needs_reference else ()
+        losses, chosen, rejected = objective(policy[:, 0], policy[:, 1], *ref)
+        return {EVAL_LOSS: float(losses.mean()), EVAL_ACCURACY: float((chosen > rejected).double().mean())}

@@ -25,7 +25,7 @@ from torchtitan.tools.logging import logger
 
 from rundir import latest_evals
 from train.exits import Exit, StopRun
-from train.callbacks.callback import Callback, LaneformerTrainer
+from train.callbacks.callback import Callback, TrainerView, bookkeeping_group
 from train.health.phases import Phase
 
 
@@ -33,7 +33,7 @@ class ExportFailed(StopRun):
     code = Exit.EXPORT_FAILED
 
 
-class Export(Callback, Configurable):
+class Export(Callback[TrainerView], Configurable):
     name = "export"
     phase = Phase.EXPORT
 
@@ -45,7 +45,7 @@ class Export(Callback, Configurable):
         chat_template: str | None = None  # the run's (recipe [data] chat_template, resolved); None: data.chat's default
         dtype: str = "bfloat16"  # the released checkpoints are bf16
 
-    def __init__(self, config: Config, trainer: LaneformerTrainer):
+    def __init__(self, config: Config, trainer: TrainerView):
         self.config = config
 
     def command(self, run_dir: Path, tokens: int) -> str:
@@ -58,7 +58,7 @@ class Export(Callback, Configurable):
             args += ["--chat-template", c.chat_template]
         return shlex.join(args)
 
-    def post_train(self, trainer: LaneformerTrainer) -> None:
+    def post_train(self, trainer: TrainerView) -> None:
         if trainer.step != trainer.config.training.steps:
             return
         run_dir = Path(trainer.config.dump_folder)
@@ -71,9 +71,9 @@ class Export(Callback, Configurable):
             error = f"{type(e).__name__}: {e}"
             logger.exception("the end-of-run export failed")
         errors = [error]
-        if dist.is_initialized() and dist.get_world_size() > 1:
+        if (group := bookkeeping_group()) is not None:
             errors = [None] * dist.get_world_size()
-            dist.all_gather_object(errors, error)
+            dist.all_gather_object(errors, error, group=group)
         failed = [e for e in errors if e]
         if failed:
             command = self.command(run_dir, tokens)
@@ -83,7 +83,7 @@ class Export(Callback, Configurable):
         if path is not None:
             logger.info(f"exported the final weights to {path}")
 
-    def _export(self, trainer: LaneformerTrainer, run_dir: Path, tokens: int) -> Path | None:
+    def _export(self, trainer: TrainerView, run_dir: Path, tokens: int) -> Path | None:
         from models.laneformer.hf.export import ModelCard, to_hf
 
         c = self.config

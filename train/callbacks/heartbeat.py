@@ -2,7 +2,7 @@
 
 The trainer's ``Heartbeat`` (``train.health.heartbeat``) is made before anything else, so a stall
 while building is seen too, and every phase a rank enters is beaten through it
-(``LaneformerTrainer.enter``); this callback adds what the watchdog and goodput read about steps.
+(the trainer's ``enter``); this callback adds what the watchdog and goodput read about steps.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 from torchtitan.config import Configurable
 
-from train.callbacks.callback import Callback, LaneformerTrainer
+from train.callbacks.callback import Callback, TrainerView
 from train.health.phases import Phase
 
 
-class Heartbeat(Callback, Configurable):
+class HeartbeatMarks(Callback[TrainerView], Configurable):
     name = "heartbeat"
     priority = 1000  # first at every point: a step's phases begin with its number
     phase = Phase.DATA  # a step begins with its data (at post_train_batch it only counts, before the next callback)
@@ -24,15 +24,15 @@ class Heartbeat(Callback, Configurable):
     class Config(Configurable.Config):
         pass
 
-    def __init__(self, config: Config, trainer: LaneformerTrainer):
+    def __init__(self, config: Config, trainer: TrainerView):
         self.beats = trainer.heartbeat
 
-    def pre_train(self, trainer: LaneformerTrainer) -> None:
+    def pre_train(self, trainer: TrainerView) -> None:
         self.beats.mark("loaded")
 
-    def pre_step(self, trainer: LaneformerTrainer) -> None:
+    def pre_step(self, trainer: TrainerView) -> None:
         """Nothing more: entering this callback's phase with the new step's number is the beat."""
 
-    def post_train_batch(self, trainer: LaneformerTrainer) -> None:
+    def post_train_batch(self, trainer: TrainerView) -> None:
         self.beats.mark("first_step")  # this launch's first update is applied
         self.beats.step_done()

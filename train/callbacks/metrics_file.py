@@ -17,7 +17,7 @@ from torchtitan.components.metrics import BaseLogger, LoggerContainer
 from torchtitan.config import Configurable
 
 from rundir import METRICS_FILE
-from train.callbacks.callback import Callback, LaneformerTrainer
+from train.callbacks.callback import Callback, TrainerView
 from train.health.phases import Phase
 
 
@@ -35,7 +35,7 @@ class MetricsJsonl(BaseLogger):
         self.file.close()
 
 
-class MetricsFile(Callback, Configurable):
+class MetricsFile(Callback[TrainerView], Configurable):
     name = "metrics_file"
     priority = 1000  # before anything logs
     phase = Phase.METRICS
@@ -44,10 +44,10 @@ class MetricsFile(Callback, Configurable):
     class Config(Configurable.Config):
         pass
 
-    def __init__(self, config: Config, trainer: LaneformerTrainer):
+    def __init__(self, config: Config, trainer: TrainerView):
         pass
 
-    def pre_train(self, trainer: LaneformerTrainer) -> None:
+    def pre_train(self, trainer: TrainerView) -> None:
         if not trainer.rank0:
             return
         metrics = trainer.metrics_processor

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch.distributed as dist
-
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
-from train.callbacks.callback import Callback, LaneformerTrainer
+from train.callbacks.callback import Callback, TrainerView, bookkeeping_group
 from train.health.phases import Phase
 from train.health.preemption import Preempted, anyone_requested, catch_signals
 
 
-class Preemption(Callback, Configurable):
+class Preemption(Callback[TrainerView], Configurable):
     name = "preemption"
     priority = -100  # after the step's evals: an eval due at the preempted step runs first
     phase = Phase.PREEMPTION
@@ -25,14 +23,11 @@ class Preemption(Callback, Configurable):
     class Config(Configurable.Config):
         pass
 
-    def __init__(self, config: Config, trainer: LaneformerTrainer):
+    def __init__(self, config: Config, trainer: TrainerView):
         catch_signals()
-        self.group = None  # a host-side (gloo) group: agreeing needs no device sync
 
-    def post_step(self, trainer: LaneformerTrainer) -> None:
-        if dist.is_initialized() and dist.get_world_size() > 1 and self.group is None:
-            self.group = dist.new_group(backend="gloo")
-        if not anyone_requested(self.group) or trainer.step >= trainer.config.training.steps:
+    def post_step(self, trainer: TrainerView) -> None:
+        if not anyone_requested(bookkeeping_group()) or trainer.step >= trainer.config.training.steps:
             return  # on the last step the loop's own final save follows
         checkpointer = trainer.checkpointer
         if checkpointer.last_saved_step == trainer.step:  # the loop saved this step: the same on every rank
@@ -42,6 +37,7 @@ class Preemption(Callback, Configurable):
         else:
             logger.warning(f"preemption requested: saving a checkpoint at step {trainer.step} and exiting")
             # last_step=True is torchtitan's forced save: any interval, full state (the recipe
-            # never saves model-only), synchronous after waiting for an async save in flight.
-            checkpointer.save(trainer.step, last_step=True)
+            # never saves model-only), synchronous after waiting for an async save in flight; the
+            # trainer's save brackets it with pre_checkpoint and post_checkpoint_saved, as the loop's.
+            trainer.save_checkpoint(last_step=True)
         raise Preempted(trainer.step)

@@ -9,11 +9,11 @@ from datetime import timedelta
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
-from train.callbacks.callback import Callback, LaneformerTrainer
+from train.callbacks.callback import Callback, TrainerView, at_logging_steps
 from train.health.phases import Phase
 
 
-class Progress(Callback, Configurable):
+class Progress(Callback[TrainerView], Configurable):
     name = "progress"
     priority = 80  # after the spike guard's log of skips
     phase = Phase.METRICS
@@ -22,12 +22,11 @@ class Progress(Callback, Configurable):
     class Config(Configurable.Config):
         pass
 
-    def __init__(self, config: Config, trainer: LaneformerTrainer):
+    def __init__(self, config: Config, trainer: TrainerView):
         self.last: tuple[int, float] | None = None  # (step, time) at the last logging step
 
-    def post_train_batch(self, trainer: LaneformerTrainer) -> None:
-        if not trainer.metrics_processor.should_log(trainer.step):
-            return
+    @at_logging_steps
+    def post_train_batch(self, trainer: TrainerView) -> None:
         t, now = trainer.config.training, time.perf_counter()
         line, metrics = progress(trainer.step, t.steps, t.global_batch_size * t.seq_len, self.last, now)
         self.last = (trainer.step, now)

@@ -9,12 +9,12 @@ from pathlib import Path
 
 from torchtitan.config import Configurable
 
-from train.callbacks.callback import Callback, LaneformerTrainer
-from train.health.consistency import ReplicaCheck as Check
+from train.callbacks.callback import Callback, TrainerView
+from train.health.consistency import ReplicaVerifier
 from train.health.phases import Phase
 
 
-class ReplicaCheck(Callback, Configurable):
+class ReplicaCheck(Callback[TrainerView], Configurable):
     name = "replica_check"
     priority = 200  # right after the update, before anything reads the weights
     phase = Phase.REPLICA_CHECK
@@ -23,22 +23,22 @@ class ReplicaCheck(Callback, Configurable):
     class Config(Configurable.Config):
         every: int = 100  # [training] consistency_every; 0: before saves only
 
-    def __init__(self, config: Config, trainer: LaneformerTrainer):
-        self.check = None
+    def __init__(self, config: Config, trainer: TrainerView):
+        self.check: ReplicaVerifier | None = None
         if trainer.parallel_dims.dp_replicate_enabled:
             mesh = trainer.parallel_dims.get_mesh(["dp_replicate", "fsdp"]).mesh
-            self.check = Check(mesh, Path(trainer.config.dump_folder), config.every)
+            self.check = ReplicaVerifier(mesh, Path(trainer.config.dump_folder), config.every)
             trainer.checkpointer.prefer_verified = True  # resume from a checkpoint whose copies were compared
 
-    def post_train_batch(self, trainer: LaneformerTrainer) -> None:
+    def post_train_batch(self, trainer: TrainerView) -> None:
         if self.check is not None and self.check.due(trainer.step):
             self.check.run(trainer.step, trainer.model_parts, trainer.optimizers)
 
-    def pre_checkpoint(self, trainer: LaneformerTrainer) -> None:
+    def pre_checkpoint(self, trainer: TrainerView) -> None:
         if self.check is not None:  # a mismatch raises: nothing is saved
             self.check.run(trainer.step, trainer.model_parts, trainer.optimizers)
 
-    def post_checkpoint_saved(self, trainer: LaneformerTrainer, path: Path) -> None:
+    def post_checkpoint_saved(self, trainer: TrainerView, path: Path) -> None:
         if self.check is not None and trainer.rank0:
             self.check.mark_verified(path, trainer.step)
 

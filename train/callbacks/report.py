@@ -22,13 +22,13 @@ import rundir
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
-from train.callbacks.callback import Callback, LaneformerTrainer
+from train.callbacks.callback import Callback, TrainerView
 from train.health.holder import killed_with_parent
 from train.health.phases import Phase
 from train.metric_names import LAUNCH, PARAMETERS
 
 
-class Report(Callback, Configurable):
+class Report(Callback[TrainerView], Configurable):
     name = "report"
     priority = -10  # after the step's eval (and, at the end, the export) it draws
     phase = Phase.REPORT
@@ -38,12 +38,12 @@ class Report(Callback, Configurable):
         every: int = 0  # steps between in-loop evals ([eval] every); 0: only at the end
         final_timeout_s: float = 600.0  # the end-of-run refresh is waited for at most this long
 
-    def __init__(self, config: Config, trainer: LaneformerTrainer):
+    def __init__(self, config: Config, trainer: TrainerView):
         self.config = config
         self.child: subprocess.Popen | None = None
         self.logged_launch = False
 
-    def post_step(self, trainer: LaneformerTrainer) -> None:
+    def post_step(self, trainer: TrainerView) -> None:
         run = Path(trainer.config.dump_folder)
         if not self.logged_launch:
             self.logged_launch = True
@@ -55,11 +55,11 @@ class Report(Callback, Configurable):
         if c.every and step % c.every == 0 and step != trainer.config.training.steps and trainer.rank0:
             self._refresh(run, wait=False)
 
-    def post_train(self, trainer: LaneformerTrainer) -> None:
+    def post_train(self, trainer: TrainerView) -> None:
         if trainer.rank0:
             self._refresh(Path(trainer.config.dump_folder), wait=True)
 
-    def on_error(self, trainer: LaneformerTrainer, error: Exception) -> None:
+    def on_error(self, trainer: TrainerView, error: Exception) -> None:
         """A run stopped by an error (too many skipped steps, a replica mismatch, a crash) gets its report
         drawn once more: its last numbers are what a person looks at first."""
         if trainer.rank0:
@@ -67,7 +67,7 @@ class Report(Callback, Configurable):
 
     def _refresh(self, run: Path, wait: bool) -> None:
         try:
-            if self.child is not None and self._done(self.child, wait) is None:
+            if self.child is not None and self._done(self.child, run, wait) is None:
                 return  # the previous refresh is still drawing
             out = rundir.report_dir(run)
             out.mkdir(parents=True, exist_ok=True)
@@ -77,12 +77,12 @@ class Report(Callback, Configurable):
                     cwd=rundir.REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
                     preexec_fn=killed_with_parent)  # no second writer in the run dir once this rank is gone
             if wait:
-                self._done(self.child, wait=True)
+                self._done(self.child, run, wait=True)
         except Exception as e:  # the report must never stop training
             logger.warning(f"report: not refreshed ({type(e).__name__}: {e})")
 
-    def _done(self, child: subprocess.Popen, wait: bool) -> int | None:
-        """The child's exit status once it has ended (logging a failure), else None."""
+    def _done(self, child: subprocess.Popen, run: Path, wait: bool) -> int | None:
+        """The exit status of ``child`` (drawing ``run``'s report) once it has ended (logging a failure), else None."""
         try:
             rc = child.wait(self.config.final_timeout_s) if wait else child.poll()
         except subprocess.TimeoutExpired:
@@ -91,11 +91,11 @@ class Report(Callback, Configurable):
         if rc is None:
             return None
         self.child = None
-        log = rundir.report_dir(child.args[-1]) / rundir.REPORT_LOG
+        log = rundir.report_dir(run) / rundir.REPORT_LOG
         if rc != 0:
             tail = log.read_text()[-2000:] if log.exists() else ""
             logger.warning(f"report: python -m report failed (exit {rc}); training goes on. {log}:\n{tail}")
         elif wait:
-            logger.info(f"report: {rundir.report_dir(child.args[-1]) / rundir.REPORT_PAGE}")
+            logger.info(f"report: {rundir.report_dir(run) / rundir.REPORT_PAGE}")
         return rc
 

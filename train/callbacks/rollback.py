@@ -20,13 +20,13 @@ from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
 from rundir import rollbacks_file
-from train.callbacks.callback import Callback, LaneformerTrainer
+from train.callbacks.callback import Callback, TrainerView, at_logging_steps
 from train.callbacks.spike_guard import SpikeGuard
 from train.health import rollback
 from train.health.phases import Phase
 
 
-class Rollback(Callback, Configurable):
+class Rollback(Callback[TrainerView], Configurable):
     name = "rollback"
     priority = -200  # last after the step: after its save, evals and a preemption's exit
     phase = Phase.ROLLBACK
@@ -36,21 +36,24 @@ class Rollback(Callback, Configurable):
         spikes: int = 0  # [training] spike_rollbacks; 0: never
         window: int = 100  # [training] spike_window
 
-    def __init__(self, config: Config, trainer: LaneformerTrainer):
+    def __init__(self, config: Config, trainer: TrainerView):
         self.config = config
         self.count = 0  # rollbacks so far in this run
 
-    def post_step(self, trainer: LaneformerTrainer) -> None:
+    @at_logging_steps
+    def post_step(self, trainer: TrainerView) -> None:
         c = self.config
-        if not (c.spikes and trainer.metrics_processor.should_log(trainer.step)):
+        if not c.spikes:
             return
-        recent = trainer.callbacks.get(SpikeGuard.name).reading.recent  # read at this step's post_train_batch
+        guard = trainer.callbacks.get(SpikeGuard.name)
+        assert isinstance(guard, SpikeGuard) and guard.reading is not None  # read at this step's post_train_batch
+        recent = guard.reading.recent
         if rollback.due(recent, c.spikes, c.window):
             count = self.count  # the load below restores the count the checkpoint had
             if self.roll_back(trainer, recent[-c.spikes:]) is not None:
                 self.count = count + 1
 
-    def roll_back(self, trainer: LaneformerTrainer, spikes: tuple[int, ...]) -> dict | None:
+    def roll_back(self, trainer: TrainerView, spikes: tuple[int, ...]) -> dict | None:
         """Roll the run back to the checkpoint before ``spikes`` (skipped steps), skipping the data since;
         every rank calls it at the same step (the guard decides alike on every rank). Returns the record."""
         run, folder = Path(trainer.config.dump_folder), Path(trainer.checkpointer.folder)

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
-from train.callbacks.callback import Callback, LaneformerTrainer
+from train.callbacks.callback import Callback, TrainerView, at_logging_steps
 from train.health.phases import Phase
 
 
-class SourceTokens(Callback, Configurable):
+class SourceTokens(Callback[TrainerView], Configurable):
     name = "source_tokens"
     priority = 100  # with the step's own metrics, before any eval of the step
     phase = Phase.METRICS
@@ -20,12 +20,11 @@ class SourceTokens(Callback, Configurable):
     class Config(Configurable.Config):
         pass
 
-    def __init__(self, config: Config, trainer: LaneformerTrainer):
+    def __init__(self, config: Config, trainer: TrainerView):
         pass
 
-    def post_step(self, trainer: LaneformerTrainer) -> None:
-        if not trainer.metrics_processor.should_log(trainer.step):
-            return
+    @at_logging_steps
+    def post_step(self, trainer: TrainerView) -> None:
         consumed = trainer.dataloader.state_dict().get("consumed_tokens", {})
         if not consumed:  # a loader without sources' counts (a preference run's pairs)
             return

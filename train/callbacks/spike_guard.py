@@ -16,7 +16,7 @@ from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
 from rundir import latest_complete_checkpoint
-from train.callbacks.callback import Callback, LaneformerTrainer
+from train.callbacks.callback import Callback, TrainerView, at_logging_steps
 from train.exits import Exit, StopRun
 from train.health.guard import GuardReading, StepGuard
 from train.health.phases import Phase
@@ -26,7 +26,7 @@ class SkippedOut(StopRun):
     code = Exit.SKIPPED_OUT
 
 
-class SpikeGuard(Callback, Configurable):
+class SpikeGuard(Callback[TrainerView], Configurable):
     name = "spike_guard"
     priority = 100  # at a logging step, before the rollback that reads it
     phase = Phase.OPTIMIZER
@@ -39,20 +39,20 @@ class SpikeGuard(Callback, Configurable):
         max_consecutive_skips: int = 100  # [training] max_consecutive_skips
         remember: int = 0  # skipped steps to remember ([training] spike_rollbacks, for train.callbacks.rollback)
 
-    def __init__(self, config: Config, trainer: LaneformerTrainer):
+    def __init__(self, config: Config, trainer: TrainerView):
         self.config = config
         self.guard = StepGuard(config.sigmas, config.window, config.enabled, trainer.device, remember=config.remember)
         self.reading: GuardReading | None = None  # the counters as read at the latest logging step
         self.skipped_logged = 0  # skips already reported in the log
         self.step = 0  # of the latest check: the guard's state is its state after that step
 
-    def pre_optim_step(self, trainer: LaneformerTrainer) -> None:
+    def pre_optim_step(self, trainer: TrainerView) -> None:
+        assert trainer.step_loss is not None and trainer.grad_norm is not None  # set before this point
         trainer.optimizers.skip = self.guard.check(trainer.step_loss, trainer.grad_norm)
         self.step = trainer.step
 
-    def post_train_batch(self, trainer: LaneformerTrainer) -> None:
-        if not trainer.metrics_processor.should_log(trainer.step):
-            return
+    @at_logging_steps
+    def post_train_batch(self, trainer: TrainerView) -> None:
         g = self.reading = self.guard.read()
         if g.skipped > self.skipped_logged:
             more = g.skipped - self.skipped_logged

@@ -1,7 +1,7 @@
 """The straggler check (``train.health.straggler``) at logging steps, after the step's save.
 
 Every rank times the fixed GEMM alone and adds its data wait since the last logging step; the
-ranks all-gather the two numbers over a gloo group (host tensors: no device sync to agree) and
+ranks all-gather the two numbers over the bookkeeping group (gloo, host tensors: no device sync) and
 every rank counts the same streaks, so the checkpointed streaks are the same whichever rank's
 copy DCP keeps. Rank 0 logs ``straggler/*`` and raises the alert.
 """
@@ -19,13 +19,13 @@ import torch.distributed as dist
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
-from train.callbacks.callback import Callback, LaneformerTrainer
+from train.callbacks.callback import Callback, TrainerView, at_logging_steps, bookkeeping_group
 from train.health.alerts import write_alert
 from train.health.phases import Phase
 from train.health.straggler import GEMM, Streaks, gemm_seconds, others_median
 
 
-class Straggler(Callback, Configurable):
+class Straggler(Callback[TrainerView], Configurable):
     name = "straggler"
     priority = 90  # with the step's metrics (after the source tokens), before evals
     phase = Phase.STRAGGLER
@@ -35,34 +35,32 @@ class Straggler(Callback, Configurable):
         threshold: float = 0.2  # [launch] straggler_threshold: slower than the others' median by this fraction
         windows: int = 5  # [launch] straggler_windows: logging steps in a row
 
-    def __init__(self, config: Config, trainer: LaneformerTrainer):
+    def __init__(self, config: Config, trainer: TrainerView):
         self.config = config
         self.streaks = Streaks(config.threshold, config.windows)
-        self.group = None
         self.hosts: list[str] = []
         self.data_seen = 0.0
 
-    def _setup(self, trainer: LaneformerTrainer) -> None:
+    def _setup(self, trainer: TrainerView) -> None:
         kind = "cuda" if trainer.device.type == "cuda" else "cpu"
         n, self.reps = GEMM[kind]
         dtype = torch.bfloat16 if kind == "cuda" else torch.float32
         self.a = torch.full((n, n), 1.0 / n, device=trainer.device, dtype=dtype)
         self.b = torch.eye(n, device=trainer.device, dtype=dtype)
-        self.group = dist.new_group(backend="gloo")  # host tensors: no device sync to agree
         self.hosts = [""] * dist.get_world_size()
-        dist.all_gather_object(self.hosts, socket.gethostname(), group=self.group)
+        dist.all_gather_object(self.hosts, socket.gethostname(), group=bookkeeping_group())
 
-    def post_step(self, trainer: LaneformerTrainer) -> None:
-        if not trainer.metrics_processor.should_log(trainer.step) or not (
-                dist.is_initialized() and dist.get_world_size() > 1):  # one rank: no one to wait for
+    @at_logging_steps
+    def post_step(self, trainer: TrainerView) -> None:
+        group = bookkeeping_group()
+        if group is None:  # one rank: no one to wait for
             return
         if not self.hosts:
             self._setup(trainer)
-        compute = gemm_seconds(self.a, self.b, self.reps)
-        data = trainer.data_wait_s - self.data_seen
+        mine = [gemm_seconds(self.a, self.b, self.reps), trainer.data_wait_s - self.data_seen]
         self.data_seen = trainer.data_wait_s
         everyone = [torch.zeros(2, dtype=torch.float64) for _ in self.hosts]
-        dist.all_gather(everyone, torch.tensor([compute, data], dtype=torch.float64), group=self.group)
+        dist.all_gather(everyone, torch.tensor(mine, dtype=torch.float64), group=group)
         compute, data = [t[0].item() for t in everyone], [t[1].item() for t in everyone]
         named = self.streaks.judge(compute)
         if trainer.rank0:
@@ -70,7 +68,7 @@ class Straggler(Callback, Configurable):
             for rank in named:
                 self._alert(trainer, rank, compute[rank], others_median(compute, rank))
 
-    def _log(self, trainer: LaneformerTrainer, compute: list[float], data: list[float]) -> None:
+    def _log(self, trainer: TrainerView, compute: list[float], data: list[float]) -> None:
         slowest = max(range(len(compute)), key=compute.__getitem__)
         # Numbers only (tensorboard takes scalars): a host is named in the key of its compute time.
         trainer.metrics_processor.logger.log({
@@ -80,7 +78,7 @@ class Straggler(Callback, Configurable):
             **{f"straggler/compute_s/{host}": max(c for c, h in zip(compute, self.hosts) if h == host)
                for host in set(self.hosts)}}, trainer.step)
 
-    def _alert(self, trainer: LaneformerTrainer, rank: int, seconds: float, median: float) -> None:
+    def _alert(self, trainer: TrainerView, rank: int, seconds: float, median: float) -> None:
         host, c = self.hosts[rank], self.config
         text = (f"rank {rank} on {host} is a straggler: its compute check took {seconds * 1e3:.1f} ms, "
                 f"{seconds / median - 1:.0%} over the other ranks' median {median * 1e3:.1f} ms, for {c.windows} logging steps "
@@ -90,9 +88,10 @@ class Straggler(Callback, Configurable):
                     compute_s=seconds, median_s=median)
         try:
             import wandb
+            from wandb.sdk.wandb_alerts import AlertLevel
 
-            if wandb.run is not None and not wandb.run.settings._offline:
-                wandb.alert(title=f"straggler: {host}", text=text, level=wandb.AlertLevel.WARN)
+            if (run := wandb.run) is not None and not run.settings._offline:
+                run.alert(title=f"straggler: {host}", text=text, level=AlertLevel.WARN)
         except Exception as e:  # an alert must not stop training
             logger.warning(f"wandb.alert failed: {e}")
 

@@ -7,7 +7,7 @@ checkpointed every restart resumes from it. With ``[parallel] replicate`` > 1 (H
 the parameters and of the optimizer state is held by ``replicate`` ranks that apply the same
 all-reduced gradient, so their bits must be identical after every step: free evidence.
 
-The check (``ReplicaCheck.run``), every ``[training] consistency_every`` steps and always before a
+The check (``ReplicaVerifier.run``), every ``[training] consistency_every`` steps and always before a
 checkpoint is saved (the ``train.callbacks.replica_check`` callback calls it at both points), after
 the step's optimizer update:
 
@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 
@@ -76,7 +76,7 @@ def vote(values: list[tuple[int, ...]]) -> list[int]:
     return list(range(len(values)))
 
 
-class ReplicaCheck:
+class ReplicaVerifier:
     """The check of one rank: which ranks form each replica group, and the hosts of all ranks."""
 
     def __init__(self, mesh: torch.Tensor, run_dir: Path, every: int):
@@ -85,7 +85,7 @@ class ReplicaCheck:
 
         self.groups = mesh.reshape(mesh.shape[0], -1).t().tolist()  # per shard: its ranks, replica by replica
         self.run_dir, self.every = Path(run_dir), every
-        self.hosts: list[str | None] = [None] * dist.get_world_size()
+        self.hosts: list[str] = [""] * dist.get_world_size()
         dist.all_gather_object(self.hosts, socket.gethostname())
         self.verified_step = -1  # the latest step whose check passed
 
@@ -125,7 +125,7 @@ class ReplicaCheck:
         text = (f"replica mismatch after step {step}: the copies of shard {', '.join(map(str, shards))} differ in "
                 f"{' and '.join(what)}; {who}: {'; '.join(where)}. Nothing was saved; restart from the latest "
                 "verified checkpoint without that node.")
-        details = {"step": step, "ranks": odd, "hosts": sorted({self.hosts[r] for r in odd}), "shards": shards,
+        details: dict[str, Any] = {"step": step, "ranks": odd, "hosts": sorted({self.hosts[r] for r in odd}), "shards": shards,
                    "majority": majority, "differs_in": what}
         if dist.get_rank() == 0:
             write_alert(self.run_dir, "replica_mismatch", text=text, **details)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from rundir import attempts_file, read_jsonl
 from train.health.heartbeat import read_beats, summary
@@ -66,7 +67,7 @@ def account(run: Path, now: float | None = None) -> dict | None:
     starts = [e for e in events if e["event"] == "start"]
     if not starts:
         return None
-    launches = []  # (start event, end event or None)
+    launches: list[list[Any]] = []  # [start event, end event or None]
     for e in events:
         if e["event"] == "start":
             launches.append([e, None])

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -47,7 +48,7 @@ class StepGuard:
     def __init__(self, sigmas: float, window: int, enabled: bool = True, device: torch.device | str = "cpu",
                  remember: int = 0):
         self.sigmas, self.window, self.enabled = sigmas, window, enabled
-        z = dict(device=device)
+        z: dict[str, Any] = dict(device=device)
         self.recent = torch.zeros(remember, dtype=torch.int64, **z)  # steps of the latest skips, 0: none
         self.history = torch.zeros(window, 2, dtype=torch.float64, **z)  # (loss, grad norm), newest last
         self.filled = torch.zeros((), dtype=torch.int64, **z)

@@ -29,6 +29,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 from rundir import BEAT_FILE, beat_file, heartbeat_dir
 from train.health.phases import Phase
@@ -77,7 +78,7 @@ class Heartbeat:
         folder.mkdir(parents=True, exist_ok=True)
         catch_stack_dumps(run, self.rank)  # before the first beat names this pid to a launcher
         self.fd = os.open(beat_file(run, self.rank), os.O_WRONLY | os.O_CREAT, 0o644)
-        self.record = {"rank": self.rank, "world": int(os.environ.get("WORLD_SIZE", 1)), "pid": os.getpid(),
+        self.record: dict[str, Any] = {"rank": self.rank, "world": int(os.environ.get("WORLD_SIZE", 1)), "pid": os.getpid(),
                        "host": socket.gethostname(), "launch": launch_id(), "owner": launch_owner(), "step": 0,
                        "phase": Phase.BUILD.value, "done": 0, "marks": {"process": process_start_time(), "trainer": time.time()}, "phase_s": {}}
         self.written: tuple[tuple, float] = ((), 0.0)  # ((phase, step, done), time) of the last write

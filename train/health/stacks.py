@@ -13,11 +13,12 @@ from __future__ import annotations
 import faulthandler
 import signal
 from pathlib import Path
+from typing import TextIO
 
 from rundir import stacks_file
 
 STACKS_SIGNAL = signal.SIGUSR2
-_open = []  # the stacks file stays open for the process's life: faulthandler writes to its descriptor
+_open: list[TextIO] = []  # the stacks file stays open for the process's life: faulthandler writes to its descriptor
 
 
 def catch_stack_dumps(run: Path, rank: int) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import rundir
@@ -39,7 +40,8 @@ def free_bytes(folder: Path) -> int:
 
 def causes(error: BaseException):
     """``error``, what it was raised from, and for DCP's CheckpointException each rank's own error."""
-    seen, todo = set(), [error]
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [error]
     while todo:
         e = todo.pop(0)
         if e is None or id(e) in seen:
@@ -70,7 +72,7 @@ def _mb(n: int) -> str:
     return f"{n:,} bytes ({n / 2**20:,.1f} MiB)"
 
 
-def run_dir_problem(run: Path, nparams: int, keep_last: int, milestones: list[int] = ()) -> str | None:
+def run_dir_problem(run: Path, nparams: int, keep_last: int, milestones: Sequence[int] = ()) -> str | None:
     """Why ``run`` cannot hold the checkpoints the run will keep, or None. torchtitan writes the
     next checkpoint before it purges the oldest, so ``keep_last`` + 1 must fit, less the purgeable
     ones already there (a restart); ``keep_last`` 0 keeps all: at least the next must fit."""

@@ -1,11 +1,15 @@
 """Preference optimization after SFT (DPO, length-normalized DPO, SimPO): the run's ``[preference]``.
 
+- ``build``: the one place that asks whether a recipe trains on a preference loss: its preflight check
+  and its trainer config (``configure``, called once by train.build);
 - ``loss``: the objectives and per-sequence log-probs (log-softmax in fp32);
-- ``pairs``: pair sources (chosen and rejected documents adjacent in a tokenized source) read as
-  batches of ``[chosen..., rejected...]`` rows with their pair ids, deterministic and resumable;
 - ``reference``: the reference log-probs of the ``init_from`` weights, computed once before step 1 by
   the policy itself (no second model), kept in the run dir under a key of what they depend on;
-- ``trainer``: the trainer whose loss is the preference loss, with its ``pref/*`` metrics.
+- ``trainer``: the trainer whose loss is the preference loss, with its ``pref/*`` metrics;
+- ``plan``: what a preference run reads and costs, from the recipe alone (``--dry-run``).
+
+The pairs themselves are data: their format and the check of a pair source in data.pairs, their
+batches and torchtitan loader in data.pairs_loader.
 
 Designed after open-instruct (``open_instruct/dpo_utils.py``: ``build_reference_logprobs_cache``,
 ``dpo_loss``, ``simpo_loss``, ``concatenated_forward``), TRL's ``DPOTrainer`` and torchtune's

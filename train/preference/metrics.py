@@ -1,7 +1,7 @@
 """The metrics of a preference run, named once (torch-free: the run report reads them).
 
 At every logging step (train.preference.trainer), means over the step's pairs; at the eval's steps, on
-the held-out pairs (train.callbacks.pref_eval).
+the held-out pairs (train.callbacks.eval).
 """
 
 LOSS = "pref/loss"

@@ -1,10 +1,10 @@
 """A preference run's plan, from the recipe alone: pairs read against each pair source's expected size
 (``expected_pairs``, by its card), and the reference pass's cost (``--dry-run``; the size check is the
-preflight's too, as ``check_needs`` is for token sources).
+preflight's too: train.recipe's ``check_needs`` sizes pair sources here).
 
-Pairs are drawn uniformly from all pair sources together (train.preference.pairs; their weights are
-equal, train.recipe refuses others), so every source is read the same number of epochs: the run's
-pairs over all sources' pairs. The reference pass is one
+Pairs are drawn uniformly from all pair sources together (data.pairs_loader; their weights are
+equal, the recipe's ``[data]`` refuses others), so every source is read the same number of epochs: the
+run's pairs over all sources' pairs. The reference pass is one
 forward, no backward, over every pair before step 1: two sequences of ``seq_len`` a pair at a third of
 a training token's FLOPs (forward 2N of 6N).
 """
@@ -38,6 +38,12 @@ def size_lines(recipe) -> tuple[list[str], list[str]]:
             problems.append(f"{p}: [data.sources[{i}]] expected_pairs: the run reads {read:,} pairs, {epochs:.2f} epochs "
                             f"of the {total:,} expected, over source {s.name!r}'s max_epochs {s.max_epochs:g}")
     return lines, problems
+
+
+def reference_lines(recipe, flops_per_token: int, per_second: float) -> list[str]:
+    """The dry run's lines on the reference pass: a preference run's (``reference_seconds``), none for
+    another run (the planner calls this whatever the run, and asks nothing)."""
+    return [reference_seconds(recipe, flops_per_token, per_second)] if recipe.preference.loss else []
 
 
 def reference_seconds(recipe, flops_per_token: int, per_second: float) -> str:

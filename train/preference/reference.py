@@ -39,7 +39,7 @@ import torch.distributed as dist
 from rundir import REFERENCE_INPUTS_FILE, REFERENCE_LOGPS_DIR, REFERENCE_LOGPS_FILE, VERIFIED_FILE, step_number
 from data.shards import MANIFEST
 from train.preference.loss import sequence_logps
-from train.preference.pairs import PairSet
+from data.pairs_loader import PairSet
 
 # The key's inputs a resumed run can change, by the recipe key that changes them (the sources: SOURCES)
 WHERE = {"template_sha256": "[data] chat_template", "loss": "[preference] loss", "seq_len": "[training] seq_len",
@@ -72,7 +72,7 @@ def checkpoint_identity(folder: str | Path, beat: Callable[[], None] = lambda: N
         beat()
         digests[name] = file_sha256(folder / name)
     if world > 1:
-        gathered = [None] * world
+        gathered: list[dict[str, str]] = [{} for _ in range(world)]
         dist.all_gather_object(gathered, digests)
         digests = {k: v for g in gathered for k, v in g.items()}
     return {"path": str(folder), "step": step_number(folder),

@@ -1,10 +1,12 @@
-"""Preference pairs as batches: which pairs a rank reads at each micro batch, and their rows.
+"""Preference pairs as batches, and their torchtitan data loader (as data.mixture and data.loader are
+the mixture's): which pairs a rank reads at each micro batch, and their rows.
 
-A pair source is an ordinary tokenized source (data.shards) whose ``manifest.json`` has a ``pairs``
-entry: document ``2p`` is pair p's chosen conversation, ``2p + 1`` its rejected one, adjacent in one
-shard, each ``<s> prompt answer </s>`` with the loss mask on the answer's tokens only. Several pair
-sources are one table of pairs: source by source, pair ids counting on, drawn uniformly (so a source's
-share is its share of the pairs: train.recipe refuses unequal weights rather than ignore them).
+A pair source (data.pairs, which checks it: ``open_pairs``) is an ordinary tokenized source whose
+``manifest.json`` has a ``pairs`` entry: document ``2p`` is pair p's chosen conversation, ``2p + 1``
+its rejected one, adjacent in one shard, each ``<s> prompt answer </s>`` with the loss mask on the
+answer's tokens only. Several pair sources are one table of pairs: source by source, pair ids counting
+on, drawn uniformly (so a source's share is its share of the pairs: the recipe's ``[data]`` refuses
+unequal weights rather than ignore them).
 
 Order: epoch e visits every pair once, in a permutation seeded by (seed, e). The loader's state is
 one number, the next global sequence index (two per pair), identical on every rank: data-parallel
@@ -22,6 +24,7 @@ document of its own that no answer token attends to (the model's document mask).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,36 +35,23 @@ from torchtitan.components.dataloader import BaseDataLoader
 
 from data.loader import BatchLoaderSlot, SentencePieceTokenizer
 from data.mixture import IGNORE_INDEX
-from data.pairs import MANIFEST_KEY
-from data.shards import MANIFEST, ShardError, TokenizedSource, open_source
+from data.pairs import PairError, open_pairs
+from data.shards import TokenizedSource
 
 PAIR_IDS = "pair_ids"  # the batch's key for its pairs' ids (taken out before the model's forward)
-
-
-class PairError(ValueError):
-    """A pair source that cannot be read as pairs (named with its file)."""
 
 
 class PairSet:
     """Every pair of the given pair sources, by id."""
 
-    def __init__(self, paths: list[str], seq_len: int, fingerprint: str | None = None,
+    def __init__(self, paths: Sequence[str | Path], seq_len: int, fingerprint: str | None = None,
                  vocab_size: int | None = None):
         self.paths, self.seq_len = [str(p) for p in paths], seq_len
         self.sources: list[TokenizedSource] = []
         shard_of, first_doc, names = [], [], []
         for s, path in enumerate(self.paths):
-            source = open_source(path, expected_fingerprint=fingerprint, expected_vocab_size=vocab_size)
-            manifest = Path(path) / MANIFEST
-            if MANIFEST_KEY not in source.manifest:
-                raise PairError(f"{manifest}: no '{MANIFEST_KEY}' entry: not a pair source (tokenize it with "
-                                "`python -m data.tokenize --pairs`)")
-            if not source.manifest.get("loss_mask"):
-                raise PairError(f"{manifest}: a pair source needs loss masks (the answers' tokens)")
+            source = open_pairs(path, fingerprint, vocab_size)
             for k, shard in enumerate(source.shards):
-                if shard.num_documents % 2:
-                    raise PairError(f"{shard.path}: {shard.num_documents} documents, an odd count: pairs are "
-                                    "(chosen, rejected) documents adjacent in one shard")
                 lengths = np.diff(np.concatenate([[0], np.asarray(shard.doc_ends, dtype=np.int64)]))
                 if (too_long := np.flatnonzero(lengths - 1 > seq_len)).size:
                     d = int(too_long[0])
@@ -176,8 +166,5 @@ class PairDataLoader(BatchLoaderSlot):
 
     def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer: SentencePieceTokenizer,
                  seq_len: int, local_batch_size: int, **kwargs: Any):
-        try:
-            pairs = PairSet(config.sources, seq_len, tokenizer.tokenizer.fingerprint, config.vocab_size)
-        except ShardError as e:
-            raise PairError(str(e)) from None
+        pairs = PairSet(config.sources, seq_len, tokenizer.tokenizer.fingerprint, config.vocab_size)
         self.loader = PairLoader(pairs, local_batch_size, config.seed, dp_rank, dp_world_size)

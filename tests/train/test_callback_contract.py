@@ -1,0 +1,37 @@
+"""The callbacks' contract (``train.callbacks.callback.TrainerView``) holds by the type check: a callback
+reading what its view does not name, or writing to the trainer, fails mypy as ``make test`` runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from rundir import REPO
+
+SNIPPET = """
+from train.callbacks.callback import Callback, PreferenceTrainerView, TrainerView
+
+
+class Pretraining(Callback[TrainerView]):
+    def post_step(self, trainer: TrainerView) -> None:
+        print(trainer.step, trainer.config.dump_folder)  # named by the view
+        print(trainer.heldout_pairs)  # a preference trainer's
+        trainer.step = 0  # read-only
+
+
+class Preference(Callback[PreferenceTrainerView]):
+    def post_step(self, trainer: PreferenceTrainerView) -> None:
+        print(trainer.heldout_pairs, trainer.preference_loss.beta)
+"""
+
+
+def test_a_callback_reading_outside_its_view_fails_the_type_check(tmp_path):
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text(SNIPPET)
+    # the project's settings and cache (.mypy_cache, warm after make test's own run)
+    result = subprocess.run([sys.executable, "-m", "mypy", "--config-file", "pyproject.toml", str(snippet)],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    errors = [line.split(": error: ", 1)[1] for line in result.stdout.splitlines() if ": error: " in line]
+    assert errors == ['"TrainerView" has no attribute "heldout_pairs"  [attr-defined]',
+                      'Property "step" defined in "TrainerView" is read-only  [misc]'], result.stdout + result.stderr
+    assert result.returncode == 1

@@ -1,0 +1,400 @@
+"""The recipe's tables: one dataclass a TOML table, each checking its own values in ``__post_init__``
+(as torchtitan's configs do) and deriving what it alone decides (``[training]``'s sizes in steps).
+
+A check raises ``TableError`` with the table-relative message; ``train.recipe.loading`` adds the file
+(or the ``--set`` that gave the key) and the table. What holds across tables is ``train.recipe.checks``'.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from data.holdout import holdout_problem
+from data.mixture import SourceSpec
+from eval.spec import EvalSpec
+from rundir import EXPORT_DIR, REPO, RUNS_DIR
+
+
+class RecipeError(ValueError):
+    """A recipe problem, with the file, table and key it is about."""
+
+
+class TableError(ValueError):
+    """A table's own check failed: ``why`` after ``[table] ``, once the loader adds the file. ``key``:
+    the key at fault where the error names the ``--set`` that gave it instead of the file; ``table``:
+    the label when it is not the table's (``data.sources[1]``)."""
+
+    def __init__(self, why: str, key: str = "", table: str = ""):
+        super().__init__(why)
+        self.key, self.table = key, table
+
+
+def absolute(path: str | Path) -> Path:
+    """``path``, relative to the repo unless absolute."""
+    return Path(os.path.abspath(REPO / path))
+
+
+def at_least(table, low: int, *names: str, says: str = "") -> None:
+    """Each of ``names`` is >= ``low`` (a table's counts, intervals and timeouts); ``says``: the bound
+    as the message gives it (``> 0``), else ``>= low``."""
+    for name in names:
+        if getattr(table, name) < low:
+            raise TableError(f"{name}: must be {says or f'>= {low}'} (got {getattr(table, name)})")
+
+
+@dataclass(kw_only=True)
+class Run:
+    name: str
+    output_dir: str | None = None  # default: runs/<name> in the repo
+    seed: int = 0
+    deterministic: bool = False  # bitwise-reproducible kernels (slower)
+    # Where torch.compile keeps its Inductor FX-graph and AOTAutograd caches (TORCHINDUCTOR_CACHE_DIR), so every
+    # rank and every restart of the run finds the kernels compiled before. None: <run>/compile_cache
+    # (torch's default, /tmp/torchinductor_$USER, is per host: a restart on other nodes compiles again).
+    compile_cache: str | None = None
+
+
+@dataclass(kw_only=True)
+class Model:
+    flavor: str
+    # Any Laneformer.Config field may be overridden here (checked against the model by train.build).
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class Data:
+    tokenizer: str  # the SentencePiece .model the shards were made with
+    tokenizer_sha256: str | None = None  # its expected sha256: the preflight refuses another file
+    # Where relative source paths live (relative: to the repo). $LANEFORMER_DATA_ROOT overrides it,
+    # and --set data.root=... overrides both: moving the data is one edit. Unset: the repo.
+    root: str | None = None
+    # Chat template (data.chat): a name, a .jinja file, or an HF folder / tokenizer_config.json.
+    # Unset: the initial checkpoint's own, else data.chat.DEFAULT; the load records which.
+    chat_template: str | None = None
+    # Every source's held-out documents (data.holdout): a fraction or a document count, 0 for none;
+    # a source's own `holdout` overrides it. The run validates on each held-out set ([eval]).
+    holdout: int | float | None = None
+    sources: list[SourceSpec] = field(default_factory=list)  # [[data.sources]]
+
+    def __post_init__(self):
+        if self.holdout is not None and (why := holdout_problem(self.holdout)):
+            raise TableError(f"holdout: {why}", key="holdout")
+        if self.tokenizer_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", self.tokenizer_sha256):
+            raise TableError(f"tokenizer_sha256: expected 64 lowercase hex digits, got {self.tokenizer_sha256!r}")
+        # Pair sources are drawn uniformly together (data.pairs_loader), each in proportion to its pairs: a
+        # token budget or unequal weights would be ignored, so they are refused, naming the source.
+        pairs = [(i, s) for i, s in enumerate(self.sources) if s.pairs]
+        for i, s in pairs:
+            where = {"key": f"sources[{i}]", "table": f"data.sources[{i}]"}
+            if s.tokens is not None:
+                raise TableError(f"tokens: source {s.name!r} is a pair source, drawn uniformly with the run's other "
+                                 "pairs: a token budget would be ignored. Give it weight = 1.0 instead", **where)
+            first = pairs[0][1]
+            if s.weight != first.weight:
+                raise TableError(f"weight: {s.weight} for source {s.name!r}, {first.weight} for {first.name!r}: a "
+                                 "preference run draws its pairs uniformly from all its pair sources together (each "
+                                 "in proportion to its pairs), so unequal weights would be ignored. Give every pair "
+                                 "source the same weight", **where)
+
+
+@dataclass(kw_only=True)
+class Optimizer:
+    lr: float
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    # No decay for norms and embeddings (regex over parameter names).
+    no_decay: list[str] = field(default_factory=lambda: [r"norm\.weight$", r"tok_embeddings\."])
+
+    def __post_init__(self):
+        if self.lr <= 0:
+            raise TableError(f"lr: must be > 0 (got {self.lr})")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise TableError(f"betas: must be two numbers in [0, 1) (got {self.betas})")
+        if self.eps <= 0 or self.weight_decay < 0 or self.grad_clip <= 0:
+            raise TableError("eps and grad_clip must be > 0, weight_decay >= 0")
+
+
+@dataclass(kw_only=True)
+class Schedule:
+    warmup_steps: int | None = None  # or warmup_tokens, made steps by train.recipe.checks (it needs [training])
+    warmup_tokens: int | None = None
+    decay_fraction: float = 0.2  # WSD: the last fraction of steps decays
+    decay_shape: Literal["linear", "sqrt", "cosine"] = "linear"
+    min_lr_ratio: float = 0.0  # final lr = lr * min_lr_ratio
+
+    def __post_init__(self):
+        if self.warmup_steps is not None and self.warmup_tokens is not None:
+            raise TableError("give at most one of 'warmup_steps' and 'warmup_tokens'")
+        if self.warmup_steps is None and self.warmup_tokens is None:
+            self.warmup_steps = 0
+        at_least(self, 0, *(k for k in ("warmup_steps", "warmup_tokens") if getattr(self, k) is not None))
+        if not 0 <= self.decay_fraction <= 1:
+            raise TableError(f"decay_fraction: must be in [0, 1] (got {self.decay_fraction})")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise TableError(f"min_lr_ratio: must be in [0, 1] (got {self.min_lr_ratio})")
+
+
+@dataclass(kw_only=True)
+class Training:
+    seq_len: int
+    global_batch: int | None = None  # sequences per optimizer step
+    global_batch_tokens: int | None = None
+    micro_batch: int = 1  # sequences per rank per forward
+    total_tokens: int | None = None
+    steps: int | None = None
+    skip_spikes: bool = True  # skip the step on a non-finite or spiking loss / grad norm
+    spike_sigmas: float = 6.0
+    spike_window: int = 100
+    max_consecutive_skips: int = 100  # stop (exit 4) after this many skips in a row (a spike window)
+    # Roll back (train/health/rollback.py) when this many steps are skipped within spike_window steps: to the
+    # checkpoint before the first of them, skipping the data seen since (PaLM's remedy). 0: never.
+    spike_rollbacks: int = 0
+    # With [parallel] replicate > 1: steps between comparisons of the replicas' parameters and optimizer
+    # state (train/health/consistency.py); always also before a checkpoint save. 0: before saves only.
+    consistency_every: int = 100
+
+    def __post_init__(self):
+        """Sizes given in tokens become steps and sequences (exactly one of each pair is given); the
+        derived ones are filled in too, so the resolved recipe states both."""
+        for a, b in (("global_batch", "global_batch_tokens"), ("steps", "total_tokens")):
+            if (getattr(self, a) is None) == (getattr(self, b) is None):
+                raise TableError(f"give exactly one of '{a}' and '{b}'")
+        at_least(self, 1, "seq_len", "micro_batch", says="> 0")
+        if self.global_batch is None:
+            if self.global_batch_tokens % self.seq_len:
+                raise TableError(f"global_batch_tokens: {self.global_batch_tokens} is not a multiple of seq_len "
+                                 f"{self.seq_len}")
+            self.global_batch = self.global_batch_tokens // self.seq_len
+        self.global_batch_tokens = self.global_batch * self.seq_len
+        at_least(self, 1, "global_batch", says="> 0")
+        if self.global_batch % self.micro_batch:
+            raise TableError(f"global_batch: {self.global_batch} is not divisible by micro_batch {self.micro_batch}")
+        if self.steps is None:
+            self.steps = math.ceil(self.total_tokens / self.global_batch_tokens)
+        self.total_tokens = self.steps * self.global_batch_tokens
+        at_least(self, 1, "steps", says="> 0")
+        if self.spike_sigmas <= 0 or self.spike_window < 2:
+            raise TableError("spike_sigmas must be > 0 and spike_window >= 2")
+        at_least(self, 0, "consistency_every", "spike_rollbacks")
+        at_least(self, 1, "max_consecutive_skips")
+
+    @property
+    def samples(self) -> int:
+        """Sequences the run reads: steps x global_batch (both made by ``__post_init__``)."""
+        assert self.steps is not None and self.global_batch is not None
+        return self.steps * self.global_batch
+
+
+# How gradients are reduced while micro batches accumulate (FSDP2's switches, set in train/trainer.py).
+REDUCE_GRADS = {
+    "every_micro_batch": "reduce-scatter (and, under HSDP, all-reduce across replicas) after every micro batch",
+    "last_micro_batch": "no reduction before a step's last micro batch: unsharded fp32 gradients are held "
+                        "across micro batches, then reduced once",
+    "replicas_last_micro_batch": "HSDP: reduce-scatter inside the shard group after every micro batch, all-reduce "
+                                 "across replicas once, at the last (holds sharded fp32 partial sums; one replica: "
+                                 "as every_micro_batch)",
+}
+
+
+@dataclass(kw_only=True)
+class Parallel:
+    # The data-parallel layout: ranks = shard x replicate. A parameter is split over `shard` ranks
+    # (FSDP2) and that group is copied `replicate` times (HSDP, torchtitan's replicate degree), e.g.
+    # shard = 8 (the GPUs of a node), replicate = -1 (one copy per node). -1: the ranks the other leaves.
+    shard: int = -1
+    replicate: int = 1
+    # The GPUs this recipe is planned for: what `--dry-run` and `--plan` check and estimate when no
+    # --gpus is given (phase 1: 192). 0: a CPU recipe, checked on this launch's ranks, no GPU estimate.
+    gpus: int = 0
+    # torchtitan's fsdp_reshard_after_forward: "never" keeps parameters gathered from forward to backward.
+    reshard_after_forward: Literal["default", "always", "never"] = "default"
+    reduce_grads: Literal["every_micro_batch", "last_micro_batch", "replicas_last_micro_batch"] = "every_micro_batch"
+    compile: bool = False
+    activation_checkpoint: Literal["none", "selective", "full"] = "none"
+    param_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    reduce_dtype: Literal["float32"] = "float32"
+    # Without a GPU, train in fp32 whatever param_dtype says (bf16 matmuls are ~20x slower on CPU);
+    # false keeps the recipe's precision on CPU too: FSDP2's bf16 compute, fp32 master weights and
+    # reductions, as on the cluster (train/cpu.py; tests/train/test_bf16.py).
+    cpu_fp32: bool = True
+    # Seconds a collective may wait before the NCCL/gloo watchdog ends the job: up to and during the first
+    # step (rendezvous, compile), then after it. torchtitan's CommConfig defaults; a CPU run raises both
+    # (train/cpu.py). A stall outside a collective is [launch] stall_timeout's.
+    comm_init_timeout: int = 300
+    comm_train_timeout: int = 100
+
+    def __post_init__(self):
+        for key in ("shard", "replicate"):
+            if getattr(self, key) == 0 or getattr(self, key) < -1:
+                raise TableError(f"{key}: must be >= 1, or -1 for the ranks the other leaves "
+                                 f"(got {getattr(self, key)})")
+        if self.shard == self.replicate == -1:
+            raise TableError("shard, replicate: at most one of them may be -1")
+        at_least(self, 1, "comm_init_timeout", "comm_train_timeout", says="> 0 seconds")
+
+
+@dataclass(kw_only=True)
+class Checkpoint:
+    interval: int = 1000
+    keep_last: int = 3
+    async_save: bool = False
+    milestones: list[int] = field(default_factory=list)  # steps kept forever
+    init_from: str | None = None  # a run dir, checkpoint dir or HF export to start from
+    init_weights_only: bool = True  # start fresh optimizer and step counter from init_from
+    export_hf: bool = False  # at the end, write a Hugging Face folder of the final weights
+    export_dir: str | None = None  # default: <run>/hf (rundir.EXPORT_DIR)
+    stall_s: float | None = None  # measured training stall per save (launch.slurm status); None: planned
+
+    def __post_init__(self):
+        if self.interval <= 0 or self.keep_last < 0:
+            raise TableError("interval must be > 0 and keep_last >= 0")
+        if self.stall_s is not None and self.stall_s <= 0:
+            raise TableError(f"stall_s: must be > 0 seconds (got {self.stall_s})")
+
+
+@dataclass(kw_only=True)
+class Launch:
+    # Crash restarts (each after a new checkpoint) allowed per 24 hours; 0: no limit.
+    # Crashes without a new checkpoint in between always stop the run.
+    crashes_per_day: int = 8
+    # Seconds without a heartbeat from any rank (train/health/heartbeat.py) before a launcher ends the job as
+    # stalled, dumps every rank's Python stacks to <run>/stalls/, and restarts it as after a crash; 0: off.
+    # Longer allowances: until every rank has finished its first step (rendezvous, build, checkpoint
+    # load, compile), and while a rank is in a checkpoint save or load, or in an eval, export or report
+    # (train/health/phases.py says which phase gets which).
+    # Above comm_train_timeout, so that a hang inside a collective is the comm watchdog's to end.
+    stall_timeout: int = 600
+    stall_timeout_first_step: int = 1800
+    stall_timeout_checkpoint: int = 1800
+    stall_timeout_eval: int = 3600
+    # Inputs of the checkpoint-interval plan (plan/interval.py, printed by train.py --plan): a node's
+    # mean time between failures (Llama 3: 419 unexpected interruptions in 54 days on 2,048 8-GPU nodes) and
+    # the planned restart, seconds (launch.slurm status measures it).
+    node_mtbf_hours: float = 6330.0
+    restart_s: float = 600.0
+    # A rank whose compute check (train/health/straggler.py) is slower than the other ranks' median by more than this
+    # fraction at straggler_windows logging steps in a row is named: stderr, <run>/alerts.jsonl, wandb.alert.
+    straggler_threshold: float = 0.2
+    straggler_windows: int = 5
+    exclude_stragglers: bool = False  # the next restart also excludes the nodes named as stragglers
+
+    def __post_init__(self):
+        at_least(self, 0, "crashes_per_day")
+        for key in ("stall_timeout", "stall_timeout_first_step", "stall_timeout_checkpoint", "stall_timeout_eval"):
+            if getattr(self, key) < 0:
+                raise TableError(f"{key}: must be >= 0 seconds, 0 for off (got {getattr(self, key)})")
+        if not (math.isfinite(self.straggler_threshold) and self.straggler_threshold > 0):
+            raise TableError("straggler_threshold: must be a finite number > 0, the fraction by which a rank's "
+                             "compute check exceeds the other ranks' median (nan or inf would never name a "
+                             f"straggler; got {self.straggler_threshold})")
+        at_least(self, 1, "straggler_windows")
+        if self.node_mtbf_hours <= 0 or self.restart_s < 0:
+            raise TableError("node_mtbf_hours must be > 0 and restart_s >= 0")
+
+
+@dataclass(kw_only=True)
+class Logging:
+    interval: int = 10
+    tensorboard: bool = True
+    wandb_project: str | None = None
+    wandb_mode: Literal["online", "offline", "disabled"] = "offline"
+    report: bool = True  # the run writes report/ (python -m report) after each eval and at the end
+
+    def __post_init__(self):
+        at_least(self, 1, "interval", says="> 0")
+
+
+@dataclass(kw_only=True)
+class Eval(EvalSpec):
+    """``[eval]``: what to evaluate (eval.spec.EvalSpec, whose checks it runs), a quicker default
+    size for a look during training, and when to run (the trainer's concern, not the eval's)."""
+    every: int = 0  # steps between evals; 0: only at the end
+    at_end: bool = True
+    core_max_per_task: int | None = 50
+    evalplus_limit: int | None = 20
+
+    def __post_init__(self):
+        super().__post_init__()
+        at_least(self, 0, "every")
+
+    def spec(self) -> EvalSpec:
+        """The what, without the when."""
+        return EvalSpec(**{f.name: getattr(self, f.name) for f in fields(EvalSpec)})
+
+
+@dataclass(kw_only=True)
+class Preference:
+    """``[preference]``: preference optimization after SFT (train.preference). Without ``loss`` the run
+    trains on next-token cross-entropy; with it every training source must be a pair source. These are
+    a preference run's only defaults (train.preference.build hands the trainer every field): beta 0.1 and
+    label_smoothing 0 are TRL's ``DPOConfig`` and open-instruct's ``DPOConfig``; gamma unset is
+    open-instruct's ``gamma_beta_ratio`` 0.3 times beta (SimPO's margin, ``simpo`` only)."""
+    loss: Literal["dpo", "dpo_norm", "simpo"] | None = None
+    beta: float = 0.1
+    label_smoothing: float = 0.0
+    gamma: float | None = None
+    heldout: list[str] = field(default_factory=list)  # pair sources for eval/pref_loss and eval/pref_accuracy
+
+    def __post_init__(self):
+        if self.gamma is None:
+            self.gamma = 0.3 * self.beta
+        if self.beta <= 0 or not 0 <= self.label_smoothing < 0.5:
+            raise TableError(f"beta must be > 0 and label_smoothing in [0, 0.5) (got {self.beta}, "
+                             f"{self.label_smoothing})")
+
+    def check(self, training: Training) -> None:
+        """What a preference run asks of ``[training]`` (train.recipe.checks calls it with the table)."""
+        if self.loss is None:
+            return
+        if training.spike_rollbacks:  # train.callbacks.rollback counts the skipped data in mixture tokens
+            raise TableError("spike_rollbacks: not available in a preference run (the spike guard's skips are)",
+                             table="training")
+        if training.micro_batch % 2:
+            raise TableError(f"micro_batch: {training.micro_batch} is odd; a preference run's micro batch holds "
+                             "whole pairs", table="training")
+
+
+@dataclass(kw_only=True)
+class Recipe:
+    run: Run
+    model: Model
+    data: Data
+    optimizer: Optimizer
+    training: Training
+    schedule: Schedule = field(default_factory=Schedule)
+    parallel: Parallel = field(default_factory=Parallel)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    logging: Logging = field(default_factory=Logging)
+    eval: Eval = field(default_factory=Eval)
+    launch: Launch = field(default_factory=Launch)
+    preference: Preference = field(default_factory=Preference)
+    path: str = ""  # the file it came from (a train.recipe.loading.RecipeFile: it knows the --set keys)
+    # Derived at load (train.recipe.checks.validation_sets), not a table: the held-out sets the run
+    # validates on, by the name their metrics carry.
+    validation_sets: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def output_dir(self) -> Path:
+        """The run dir (absolute once resolved; default ``runs/<name>`` in the repo)."""
+        return absolute(self.run.output_dir or f"{RUNS_DIR}/{self.run.name}")
+
+    @property
+    def export_dir(self) -> Path:
+        """Where the end-of-run Hugging Face export goes (default ``<run>/hf``, rundir.EXPORT_DIR)."""
+        return absolute(self.checkpoint.export_dir or self.output_dir / EXPORT_DIR)
+
+    @property
+    def tokens_per_step(self) -> int:
+        assert self.training.global_batch_tokens is not None  # made by Training.__post_init__
+        return self.training.global_batch_tokens
+
+
+TABLES = {k: v for k, v in typing.get_type_hints(Recipe).items() if k not in ("path", "validation_sets")}
