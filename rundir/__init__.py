@@ -106,6 +106,7 @@ SUMMARY_FILE = "summary.csv"
 RUNS_DIR = "runs"
 SWEEPS_DIR = "sweeps"
 
+STEP_DIR = "step-{step}"  # in checkpoints/: one checkpoint (torchtitan's name; str.format(step=N), step="*" to glob)
 _STEP = re.compile(r"step-(\d+)")
 
 
@@ -124,8 +125,13 @@ def checkpoints_dir(run: Path) -> Path:
     return Path(run) / CHECKPOINTS_DIR
 
 
+def checkpoint_of(folder: Path, step: int) -> Path:
+    """The checkpoint of ``step`` in a checkpointer's folder (``STEP_DIR``: torchtitan's name for it)."""
+    return Path(folder) / STEP_DIR.format(step=step)
+
+
 def step_dir(run: Path, step: int) -> Path:
-    return checkpoints_dir(run) / f"step-{step}"
+    return checkpoint_of(checkpoints_dir(run), step)
 
 
 def complete_steps(run: Path) -> list[int]:

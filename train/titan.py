@@ -32,7 +32,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 import torchtitan.tools.utils as tt_utils
-from rundir import is_complete, step_number
+from rundir import STEP_DIR, checkpoint_of, is_complete, step_number
 from torchtitan.components.checkpointer import CheckpointManager
 from torchtitan.components.checkpointer.base import LR_SCHEDULER, MODEL
 from torchtitan.components.metrics import MetricsProcessor
@@ -247,7 +247,7 @@ class MilestoneCheckpointManager(CheckpointManager):
             return
         # The half-written step (no .metadata) would never load; its space goes back.
         if not dist.is_initialized() or dist.get_rank() == 0:
-            for partial in Path(self.folder).glob("step-*"):
+            for partial in Path(self.folder).glob(STEP_DIR.format(step="*")):
                 if step_number(partial) is not None and not is_complete(partial):
                     shutil.rmtree(partial, ignore_errors=True)
         raise NoSpace.at(Path(self.folder), needed, error, step) from error
@@ -259,7 +259,7 @@ class MilestoneCheckpointManager(CheckpointManager):
         steps = [n for p in path.iterdir() if (n := step_number(p)) is not None and is_complete(p)] \
             if path.is_dir() else []
         if self.prefer_verified:
-            steps = [n for n in steps if is_verified(path / f"step-{n}")] or steps
+            steps = [n for n in steps if is_verified(checkpoint_of(path, n))] or steps
         return max(steps, default=-1)
 
     def dcp_load(self, state_dict, checkpoint_id, from_hf, from_quantized) -> None:
@@ -274,7 +274,7 @@ class MilestoneCheckpointManager(CheckpointManager):
 
     def _load(self, step: int = -1) -> bool:
         # wraps CheckpointManager._load: a damaged latest checkpoint is moved aside and the previous one loaded
-        damaged = sorted(p.name for p in Path(self.folder).glob("step-*.damaged*")) if Path(self.folder).is_dir() else []
+        damaged = sorted(p.name for p in Path(self.folder).glob(STEP_DIR.format(step="*") + ".damaged*")) if Path(self.folder).is_dir() else []
         if step < 0 and damaged and self._find_load_step() < 0:
             raise RuntimeError(f"{self.folder} holds only damaged checkpoints ({', '.join(damaged)}): not starting "
                                "from scratch beside them; rename one back to step-N to resume from it, or move "
@@ -288,7 +288,7 @@ class MilestoneCheckpointManager(CheckpointManager):
                 failure = e
             if not self._anyone_failed(failure is not None):
                 break
-            where = f"{self.folder}/step-{which}" if which >= 0 else self.initial_load_path
+            where = str(checkpoint_of(Path(self.folder), which)) if which >= 0 else self.initial_load_path
             if step >= 0 or which < 0:  # an explicit step or the initial load: nothing to fall back to
                 raise RuntimeError(f"checkpoint {where} could not be loaded ({failure})") from failure
             self._move_aside(which, failure)
@@ -315,7 +315,7 @@ class MilestoneCheckpointManager(CheckpointManager):
         return any(everyone)
 
     def _move_aside(self, which: int, failure: BaseException | None) -> None:
-        src = Path(self.folder) / f"step-{which}"
+        src = checkpoint_of(Path(self.folder), which)
         dst = src.with_name(f"{src.name}.damaged")
         n = 1
         while dst.exists():
@@ -336,7 +336,7 @@ class MilestoneCheckpointManager(CheckpointManager):
         steps = sorted(n for name in os.listdir(self.folder)
                        if (n := step_number(Path(name))) is not None and n not in self.milestones)
         for n in steps[: -self.keep_latest_k]:
-            self.purge_queue.put(f"{self.folder}/step-{n}")
+            self.purge_queue.put(str(checkpoint_of(Path(self.folder), n)))
 
 
 class LaneformerMetrics(MetricsProcessor):

@@ -46,6 +46,7 @@ from torchtitan.observability import structured_logger as sl
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
+from rundir import checkpoint_of
 from train.callbacks.callback import Callbacks
 from train.callbacks.spike_guard import SpikeGuard
 from train.health.heartbeat import Heartbeat
@@ -233,7 +234,7 @@ class LaneformerTrainer(Trainer):
         self.enter(Phase.CHECKPOINT)
         self.callbacks.call("pre_checkpoint", self, then=Phase.CHECKPOINT)
         if self.checkpointer.save(self.step, last_step=last_step):
-            self.callbacks.call("post_checkpoint_saved", self, Path(self.checkpointer.folder) / f"step-{self.step}",
+            self.callbacks.call("post_checkpoint_saved", self, checkpoint_of(Path(self.checkpointer.folder), self.step),
                                 then=Phase.CHECKPOINT)
 
     # -- the trainer's state in a checkpoint ----------------------------------------------------------

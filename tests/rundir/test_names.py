@@ -32,6 +32,7 @@ SKIP = {"tests", "rundir", ".venv", "runs", "assets"}
 ALLOWED = {
     ("data/shards.py", "logs"): "datatrove's logging dir in a tokenized source's folder, not a run dir",
     ("bench/dataloader.py", "code"): "the bundled sample data's code source (assets/sample_data/code)",
+    ("models/laneformer/push.py", "step-{step}"): "a Hub branch named after the checkpoint's step, not a folder",
     ("train/build/__init__.py", "compile_cache"): "the name of the function train.build.config.compile_cache in __all__",
 }
 PATH_CALLS = {"Path", "PurePath", "PosixPath", "open", "joinpath", "with_name"}

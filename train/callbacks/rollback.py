@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
-from rundir import rollbacks_file
+from rundir import checkpoint_of, rollbacks_file
 from train.callbacks.callback import Callback, TrainerView, at_logging_steps
 from train.callbacks.spike_guard import SpikeGuard
 from train.health import rollback
@@ -72,7 +72,7 @@ class Rollback(Callback[TrainerView], Configurable):
         mixture = loader.mixture
         skipped = {name: mixture.consumed_tokens(last)[name] - n for name, n in mixture.consumed_tokens(first).items()}
         record = {"time": datetime.now(timezone.utc).isoformat(), "at_step": at, "to_step": to, "spikes": list(spikes),
-                  "checkpoint": str(folder / f"step-{to}"), "skipped_samples": [first, last],
+                  "checkpoint": str(checkpoint_of(folder, to)), "skipped_samples": [first, last],
                   "skipped_tokens": skipped}
         if trainer.rank0:
             rollback.set_aside_after(folder, to)

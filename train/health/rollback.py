@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rundir import is_complete, read_jsonl, rollbacks_file, step_number
+from rundir import STEP_DIR, is_complete, read_jsonl, rollbacks_file, step_number
 
 
 def due(recent: tuple[int, ...], spikes: int, window: int) -> bool:
@@ -36,14 +36,14 @@ def due(recent: tuple[int, ...], spikes: int, window: int) -> bool:
 
 def checkpoint_before(folder: Path, step: int) -> int | None:
     """The latest complete checkpoint's step before ``step``, if any."""
-    steps = [n for p in Path(folder).glob("step-*") if (n := step_number(p)) is not None and n < step and is_complete(p)]
+    steps = [n for p in Path(folder).glob(STEP_DIR.format(step="*")) if (n := step_number(p)) is not None and n < step and is_complete(p)]
     return max(steps, default=None)
 
 
 def set_aside_after(folder: Path, step: int) -> None:
     """Rename the checkpoints saved after ``step`` to ``step-N.rolled-back[-k]``: a restart must not
     resume from them, and a person can still look at them."""
-    for later in Path(folder).glob("step-*"):
+    for later in Path(folder).glob(STEP_DIR.format(step="*")):
         if (n := step_number(later)) is not None and n > step:
             aside, k = later.with_name(f"{later.name}.rolled-back"), 1
             while aside.exists():  # an earlier rollback's
