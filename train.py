@@ -14,8 +14,8 @@ tokenizer, the data, ``checkpoint.init_from``, writable run and export dirs.
 ``--dry-run`` runs the same checks after printing the plan, and exits as a
 launch would.
 
-Exit codes (``train.exits.Exit``): 0 done; 2 recipe error (nothing started,
-nothing written; also a run dir that another launch's live ranks hold: ``train.health.holder``); 75 (``PREEMPTED``) checkpointed on SIGUSR1, run the same
+Exit codes (``health.exits.Exit``): 0 done; 2 recipe error (nothing started,
+nothing written; also a run dir that another launch's live ranks hold: ``health.holder``); 75 (``PREEMPTED``) checkpointed on SIGUSR1, run the same
 command again to resume; 3 training complete but the export failed (the retry
 command is printed); 4 too many consecutive skipped steps; 5 no space for a
 checkpoint in the run dir; 6 replica mismatch (HSDP copies of a shard differ:
@@ -30,12 +30,12 @@ import socket
 import sys
 from pathlib import Path
 
-from train.health.holder import claim, die_with_parent
+from health.holder import claim, die_with_parent
 
 die_with_parent()  # first: under torchrun, a rank dies with its agent (a SIGKILLed torchrun leaves no orphan training)
 
-from train.exits import Exit, StopRun, note_exit
-from train.health.preemption import Preempted, catch_signals
+from health.exits import Exit, StopRun, note_exit
+from health.preemption import Preempted, catch_signals
 
 catch_signals()  # as early as possible: an uncaught SIGUSR1 kills a rank without a checkpoint
 

@@ -10,8 +10,8 @@ train.py on one rank, a compiled tiny recipe (``parallel.compile = true``):
 3. the same resume from a copy of the run with the cache removed (cold): the
    control, so that page cache and resumed state are the same as in 2.
 
-Each launch's time to its first step is the heartbeat's (train/health/heartbeat.py):
-process start to the end of the first trained step, split as train.health.goodput
+Each launch's time to its first step is the heartbeat's (health/heartbeat.py):
+process start to the end of the first trained step, split as health.goodput
 splits it.
 
     .venv/bin/python -m bench.compile_cache [--steps 2]
@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from train.health.goodput import startup_split
+from health.goodput import startup_split
 from rundir import COMPILE_CACHE_DIR, REPO, beat_file
 
 

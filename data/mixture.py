@@ -456,7 +456,7 @@ class MixtureLoader:
 
     def skip_to(self, index: int) -> tuple[int, int]:
         """Go on from global sample ``index``, leaving [next_index, index) unread: a spike rollback
-        (train.health.rollback) skips the batches seen between its checkpoint and the spikes. Skipped
+        (health.rollback) skips the batches seen between its checkpoint and the spikes. Skipped
         samples are not counted as consumed; returns the range."""
         skipped = (self.next_index, int(index))
         self.skipped.append(skipped)

@@ -14,7 +14,7 @@ began from; each end appends what train.py said about why it stopped
 - ``fail``: a recipe error, no new checkpoint since the start (a restart would
   only repeat the failure), the crash rate is exceeded, training finished but
   its export failed, it stopped on too many consecutive skipped steps, or the
-  run dir's disk cannot hold a checkpoint (``train.exits.Exit`` BAD_INPUT,
+  run dir's disk cannot hold a checkpoint (``health.exits.Exit`` BAD_INPUT,
   EXPORT_FAILED, SKIPPED_OUT, NO_SPACE: restarting would not help). The
   decision reads exit codes only; the note's words are for people.
 
@@ -45,11 +45,11 @@ from pathlib import Path
 import rundir
 from rundir import NODE_LOG_RE, attempts_file, exit_file, heartbeat_dir, latest_complete_step, launcher_dir, logs_dir
 from train import recipe as R
-from train.exits import Exit
-from train.health.alerts import read_alerts
-from train.health.heartbeat import read_beats, summary
-from train.health.holder import claim
-from train.health.storage import NoSpace, free_bytes, is_out_of_space
+from health.exits import Exit
+from health.alerts import read_alerts
+from health.heartbeat import read_beats, summary
+from health.holder import claim
+from health.storage import NoSpace, free_bytes, is_out_of_space
 
 # A rank that died of one of these was killed by the node (OOM killer, bad memory, a crash
 # in native code), not told to stop.
@@ -126,7 +126,7 @@ def end(run: Path, job: str, rc: int, crashes_per_day: int = 0, nodes: str = "",
         exclude_stragglers: bool = False) -> dict:
     """Record how the last start of ``job`` ended, decide what comes next, and which nodes
     to exclude from a requeue (those the crash is pinned to, with ``exclude_stragglers`` the
-    nodes train.health.straggler named during the start, plus the job's earlier exclusions)."""
+    nodes health.straggler named during the start, plus the job's earlier exclusions)."""
     events = history(run)
     starts = [e for e in events if e["event"] == "start" and e["job"] == job]
     day_ago = datetime.now(timezone.utc) - timedelta(days=1)
@@ -139,7 +139,7 @@ def end(run: Path, job: str, rc: int, crashes_per_day: int = 0, nodes: str = "",
     before, after = (starts[-1]["step"] if starts else 0), checkpoint_step(run)
     action, cause, why = decide(rc, note, before, after, recent, crashes_per_day)
     event = {"event": "end", "job": job, "rc": rc, "step": after, "action": action, "cause": cause, "why": why,
-             "summary": summary(read_beats(run))}  # for train.health.goodput: begin() removes the beats
+             "summary": summary(read_beats(run))}  # for health.goodput: begin() removes the beats
     pinned = set()
     if action == "restart" and cause == "crash":
         pinned = fault_nodes(run, starts[-1].get("logs", {}) if starts else {}, hostnames(nodes)) | down_nodes(nodes)
@@ -159,7 +159,7 @@ def decide(rc: int, note: dict, before: int, after: int, recent_crashes: int,
            crashes_per_day: int) -> tuple[str, str, str]:
     """(action, cause, why) for a start that began at checkpoint ``before`` and left ``after``;
     ``recent_crashes``: crash restarts of the run in the last 24 hours."""
-    code = note.get("code", rc)  # torchrun hides a rank's code: train.exits.note_exit carries it
+    code = note.get("code", rc)  # torchrun hides a rank's code: health.exits.note_exit carries it
     message = f": {_short(note['message'])}" if note.get("message") else ""
     match code:
         case Exit.DONE:
@@ -177,7 +177,7 @@ def decide(rc: int, note: dict, before: int, after: int, recent_crashes: int,
             return "fail", "no space", f"no space for a checkpoint{message}; not restarting"
         case Exit.PREEMPTED:
             cause, why = "preempted", f"preempted; checkpointed at step {note.get('step', after)}"
-        case Exit.REPLICA_MISMATCH:  # train.health.consistency: nothing saved; resumed from the latest verified checkpoint
+        case Exit.REPLICA_MISMATCH:  # health.consistency: nothing saved; resumed from the latest verified checkpoint
             hosts = f" on {', '.join(note['hosts'])}" if note.get("hosts") else ""
             cause, why = "replica mismatch", f"replicas differed after step {note.get('step', '?')}{hosts}"
         case Exit.CRASH if note.get("reason") == "stall":  # launch.watchdog's note
@@ -194,7 +194,7 @@ def decide(rc: int, note: dict, before: int, after: int, recent_crashes: int,
 
 
 def mismatch_nodes(note: dict, nodes: list[str]) -> set[str]:
-    """The job's nodes train.health.consistency named as holding a replica that differs (its exit note's
+    """The job's nodes health.consistency named as holding a replica that differs (its exit note's
     ``hosts``): a cluster names a node by its host name; emulated nodes sharing one host match none."""
     return set(note.get("hosts", ())) & set(nodes)
 
@@ -235,7 +235,7 @@ def fault_pids(torchrun_log: str) -> set[int]:
 
 
 def straggler_nodes(run: Path, since: str, nodes: list[str]) -> set[str]:
-    """Nodes of the job that train.health.straggler named since ``since`` (ISO time): an alert's host is the
+    """Nodes of the job that health.straggler named since ``since`` (ISO time): an alert's host is the
     rank's host name, a node's name where hosts and nodes are one (not for emulated nodes on one host)."""
     named = {a["host"].split(".")[0] for a in read_alerts(run) if a.get("kind") == "straggler" and a["time"] >= since}
     return named & set(nodes)
@@ -268,7 +268,7 @@ def main(argv=None) -> int:
     p.add_argument("--restart", type=int, default=0, help="begin: the scheduler's restart count")
     p.add_argument("--nodes", default="", help="the job's nodes")
     p.add_argument("--recipe", type=Path, help="begin: the frozen recipe; a run dir another launch's live ranks "
-                   "hold is refused (exit 2, train.health.holder) before anything is written")
+                   "hold is refused (exit 2, health.holder) before anything is written")
     p.add_argument("--rc", type=int, help="end: the exit status of the training processes")
     p.add_argument("--crashes-per-day", type=int, default=0, help="end: crash restarts allowed per 24 h (0: any)")
     p.add_argument("--exclude-stragglers", action="store_true", help="end: a requeue excludes named stragglers")

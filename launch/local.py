@@ -11,7 +11,7 @@ requeue would. A start that makes no progress for the recipe's ``[launch]
 stall_timeout`` is ended as stalled (launch.watchdog: stacks in
 ``<run>/stalls/``) and restarted like a crash. A run dir whose ranks of another
 launch are alive is refused before anything is written (exit 2,
-``train.health.holder``); a stale one is taken over.
+``health.holder``); a stale one is taken over.
 
 The terminal shows rank 0; every rank's output goes to
 ``<run>/launcher/logs/local/`` (torchrun's ``--tee``, one folder per start).
@@ -31,10 +31,10 @@ from launch.sbatch import SIGNALS_TO_HANDLE
 from launch.watchdog import Limits, Watchdog, attempt_name
 from rundir import LOCAL_LOGS_DIR, REPO, exit_file
 from train import recipe as R
-from train.exits import EXIT_FILE_ENV, Exit
-from train.health.heartbeat import LAUNCH_ENV
-from train.health.holder import claim
-from train.health.storage import NoSpace
+from health.exits import EXIT_FILE_ENV, Exit
+from health.heartbeat import LAUNCH_ENV
+from health.holder import claim
+from health.storage import NoSpace
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -3,7 +3,7 @@
 What it does, and why each piece is there:
 
 - ``launch.attempts begin`` first: a run dir that another launch's live ranks
-  hold is refused (exit 2, ``train.health.holder``: the job fails, it is not
+  hold is refused (exit 2, ``health.holder``: the job fails, it is not
   requeued) before the start is recorded or the old heartbeats cleared;
 - one srun task per node, each a torchrun agent; the agents meet in a c10d
   rendezvous on the job's first node (the same script runs on 1 or 24 nodes);
@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rundir import BATCH_LOG, NODE_LOG, REPO, exit_file, logs_dir
-from train.exits import EXIT_FILE_ENV
-from train.health.heartbeat import LAUNCH_ENV
+from health.exits import EXIT_FILE_ENV
+from health.heartbeat import LAUNCH_ENV
 
 SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 

@@ -22,8 +22,8 @@ preemption and after crashes that followed progress (within the recipe's
 ``[launch] crashes_per_day``); a crash pinned to a node requeues without that
 node, and ``status`` shows the exclusion and why. ``status`` also works for a
 run started with launch.local (its starts and ends), and shows the run's
-goodput and what each cause cost (train.health.goodput) and the hosts named as
-stragglers (train.health.straggler).
+goodput and what each cause cost (health.goodput) and the hosts named as
+stragglers (health.straggler).
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ import sys
 from pathlib import Path
 
 from launch.attempts import checkpoint_step, history, job_info
-from train.health.goodput import lines as goodput_lines
+from health.goodput import lines as goodput_lines
 from launch.sbatch import Job, render
 from rundir import JOBS_FILE, RECIPE_FILE, SBATCH_FILE, launcher_dir, logs_dir, recorded_recipe
-from train.health.alerts import read_alerts
+from health.alerts import read_alerts
 from train import recipe as R
 
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUE_HOLD",
@@ -182,7 +182,7 @@ def status(run: Path) -> str:
 
 
 def slow_hosts(run: Path) -> list[str]:
-    """The hosts train.health.straggler named (``<run>/alerts.jsonl``), with their last alert."""
+    """The hosts health.straggler named (``<run>/alerts.jsonl``), with their last alert."""
     last = {a["host"]: a for a in read_alerts(run) if a.get("kind") == "straggler"}
     return ["slow hosts: " + "; ".join(f"{h} (rank {a['rank']} at step {a['step']}: compute check "
                                         f"{a['compute_s'] / a['median_s'] - 1:.0%} over the other ranks' median, {a['time']})"

@@ -1,6 +1,6 @@
 """End a job that is up but makes no progress: read the ranks' heartbeats, dump stacks, kill.
 
-The ranks beat as they enter each phase of a step (train/health/heartbeat.py). A job
+The ranks beat as they enter each phase of a step (health/heartbeat.py). A job
 is stalled when the newest beat of any rank is older than the allowance of the
 most lenient phase a rank is in (``[launch]`` keys):
 
@@ -10,14 +10,14 @@ most lenient phase a rank is in (``[launch]`` keys):
 - ``stall_timeout_eval`` while a rank is in an eval, export or report;
 - ``stall_timeout`` otherwise.
 
-Which phase gets which is ``train.health.phases.Phase.allowance``, declared once.
+Which phase gets which is ``health.phases.Phase.allowance``, declared once.
 
 The newest beat of any rank, because in synchronous training one stuck rank
 soon stops all the others in their next collective, and a rank legitimately
 alone in a long phase (rank 0 drawing the report) holds the others at the
 next step: the most lenient phase covers them all.
 
-On a stall: the exit note (``train.exits``, first writer wins) says ``stall``
+On a stall: the exit note (``health.exits``, first writer wins) says ``stall``
 so that ``launch.attempts.decide`` records that cause and restarts as after a
 crash (a new checkpoint since the start, within ``crashes_per_day``); every
 rank is sent ``STACKS_SIGNAL`` and its stacks go to ``<run>/stalls/<attempt>/
@@ -45,10 +45,10 @@ import time
 from pathlib import Path
 
 from rundir import STALL_FILE, STALL_STACKS_FILE, attempts_file, exit_file, read_jsonl, stacks_file, stall_dir
-from train.exits import Exit, note_exit
-from train.health.heartbeat import read_beats
-from train.health.stacks import STACKS_SIGNAL
-from train.health.stall import Limits, allowance
+from health.exits import Exit, note_exit
+from health.heartbeat import read_beats
+from health.stacks import STACKS_SIGNAL
+from health.stall import Limits, allowance
 
 STATES = {"T": "stopped", "D": "in uninterruptible sleep"}  # /proc/<pid>/stat states that cannot dump
 DUMP_WAIT_S = 5.0  # how long the ranks get to write their stacks
@@ -131,7 +131,7 @@ class Watchdog:
         return where
 
     def _note(self, message: str, where: Path) -> None:
-        """The exit note (``train.exits.note_exit``, first writer wins): a crash whose reason is ``stall``."""
+        """The exit note (``health.exits.note_exit``, first writer wins): a crash whose reason is ``stall``."""
         note_exit(Exit.CRASH, exit_file(self.run), why="stall", stall=str(where), message=message)
 
     def _signal(self, rank: dict, sig: signal.Signals) -> None:

@@ -9,7 +9,7 @@ recipe is checked before a job waits in a queue for 24 nodes:
 - ``memory``: peak memory per GPU, FSDP2 on fake tensors;
 - ``roofline``: the eager per-op roofline and its table;
 - ``compiled``: the estimate from Inductor's fused kernels;
-- ``replica``: what the replica check (train.health.consistency) costs a step;
+- ``replica``: what the replica check (health.consistency) costs a step;
 - ``report``: the text and JSON of ``--dry-run`` and ``--plan``, and the sweep.
 
 Names are imported from the submodules on first use, so ``plan.gpus``

@@ -111,7 +111,7 @@ def realized_mix(run_dir: Path, weights: dict[str, float]) -> str:
     lines = [f"realized mix at step {step} ({run_dir}):"]
     lines += [f"  {name}: {n:,} tokens, share {n / total:.4f} (weight {weights.get(name, 0) / norm:.4f})"
               for name, n in consumed.items()]
-    from train.health.rollback import read_rollbacks  # data a spike rollback skipped: read, never trained on
+    from health.rollback import read_rollbacks  # data a spike rollback skipped: read, never trained on
 
     for r in read_rollbacks(run_dir):
         lines.append(f"  rolled back at step {r['at_step']} to step {r['to_step']}: skipped "

@@ -25,7 +25,7 @@ Inputs, each overridable in the recipe:
   blocking part measured at scale (a copy to host memory at a bus's peak would
   say milliseconds, but a save also collects garbage, flattens the state dict and
   plans across every rank); synchronous, the checkpoint's bytes per GPU
-  (``train.health.storage.checkpoint_bytes``) written at ``WRITE_GBS_PER_NODE`` shared
+  (``health.storage.checkpoint_bytes``) written at ``WRITE_GBS_PER_NODE`` shared
   by a node's GPUs (an assumption: measure it with bench/checkpoint.py).
 
 Step times are at ``MFU`` (train.py ``--dry-run``'s default), so an interval in
@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from train.health.storage import checkpoint_bytes
+from health.storage import checkpoint_bytes
 
 MFU = 0.40  # train.py --dry-run's default
 # An async save blocked training 0.78 s at 1,856 H200s (TorchTitan, Llama3-70B, HSDP2: PyTorch's "6x faster

@@ -1,4 +1,4 @@
-"""What the replica check (``train.health.consistency``) costs a step, for ``train.py --plan``.
+"""What the replica check (``health.consistency``) costs a step, for ``train.py --plan``.
 
 The check sums each rank's 32-bit words of its shards of the fp32 parameters and both AdamW moments
 (12 bytes a parameter over the ``shard`` ranks of a replica) and all-gathers 16 bytes a rank, every

@@ -272,8 +272,8 @@ def data_mix(runs: list[Run], out: Path) -> Figure:
 
 
 def stragglers(runs: list[Run], out: Path) -> Figure:
-    """train.health.straggler's compute check per host at each logging step (the slowest rank of each host)."""
-    d = Drawing(runs, "stragglers", "compute check per host (a straggler stands out; train.health.straggler)")
+    """health.straggler's compute check per host at each logging step (the slowest rank of each host)."""
+    d = Drawing(runs, "stragglers", "compute check per host (a straggler stands out; health.straggler)")
     ax = d.axes[0]
     for run in runs:
         for n, key in enumerate(sorted(run.keys("straggler/compute_s/"))):

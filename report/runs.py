@@ -30,7 +30,7 @@ class ReportError(ValueError):
 @dataclass
 class Restart:
     step: int  # the step training went on from
-    cause: str  # "preempted", "crash", "restart" (why is not recorded) or "rollback" (train.health.rollback)
+    cause: str  # "preempted", "crash", "restart" (why is not recorded) or "rollback" (health.rollback)
     time: str | None = None
 
 
@@ -125,7 +125,7 @@ def read_run(path: Path) -> Run:
         raise ReportError(str(e) if isinstance(e, ValueError) else f"{path / rundir.METRICS_FILE}: a row without "
                           f"{e}") from None
     evals = {step: _read_json(f) for step, f in rundir.eval_files(path).items()}
-    from train.health.rollback import read_rollbacks
+    from health.rollback import read_rollbacks
 
     rollbacks = [Restart(r["to_step"], "rollback", r["time"]) for r in read_rollbacks(path)]
     run = Run(path, recipe, rows, evals, sorted(restarts(attempts, rows) + rollbacks, key=lambda r: r.step))
@@ -230,8 +230,8 @@ def decontamination(run: Run) -> str:
 
 
 def goodput(path: Path) -> str:
-    """Productive training over wall time since the first launch, and what each cause cost (train.health.goodput)."""
-    from train.health.goodput import lines
+    """Productive training over wall time since the first launch, and what each cause cost (health.goodput)."""
+    from health.goodput import lines
 
     text = " ".join(line.strip() for line in lines(path)[:2]).removeprefix("goodput: ")
     return text or "unknown (no launcher record)"

@@ -34,7 +34,7 @@ its writers and readers alike (tests/rundir/test_names.py holds the rest of the 
 
 It also holds what every entry point shares: the repo root (``REPO``) and the
 one ``--set key=value`` grammar (``parse_set``) of train.py, convert and
-eval.run. train.py's exit codes are ``train.exits``'.
+eval.run. train.py's exit codes are ``health.exits``'.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ ATTEMPTS_FILE = "attempts.jsonl"
 EXIT_FILE = "exit.json"
 HEARTBEAT_DIR = "heartbeat"
 LOGS_DIR = "logs"  # also in a sweep dir: launch.local's output, a file per run
-CLAIMS_DIR = "claims"  # in launcher/: one file per claim of the run dir (train.health.holder)
+CLAIMS_DIR = "claims"  # in launcher/: one file per claim of the run dir (health.holder)
 CLAIM_FILE = "claim-{number:06d}.json"  # in claims/: the claims in the order they were made
 CLAIM_RE = re.compile(r"claim-(\d+)\.json")  # CLAIM_FILE's number
 JOBS_FILE = "jobs"  # launch.slurm: the run's job ids, one a line
@@ -251,7 +251,7 @@ def logs_dir(run: Path) -> Path:
 
 def claims_dir(run: Path) -> Path:
     """The claims of the run dir, one file each, made with link(2) so that exactly one launch makes each
-    (train.health.holder)."""
+    (health.holder)."""
     return launcher_dir(run) / CLAIMS_DIR
 
 
@@ -266,12 +266,12 @@ def claim_numbers(run: Path) -> list[int]:
 
 
 def heartbeat_dir(run: Path) -> Path:
-    """Each rank's ``rank-<R>.json`` heartbeat and ``rank-<R>.stacks`` dump (train.health.heartbeat)."""
+    """Each rank's ``rank-<R>.json`` heartbeat and ``rank-<R>.stacks`` dump (health.heartbeat)."""
     return launcher_dir(run) / HEARTBEAT_DIR
 
 
 def beat_file(run: Path, rank: int) -> Path:
-    """A rank's heartbeat (train.health.heartbeat writes it, launch.watchdog and goodput read it)."""
+    """A rank's heartbeat (health.heartbeat writes it, launch.watchdog and goodput read it)."""
     return heartbeat_dir(run) / BEAT_FILE.format(rank=rank)
 
 

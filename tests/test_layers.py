@@ -1,13 +1,13 @@
 """The packages form layers, and a module imports only from its own layer or those below:
 
-    rundir <- data <- models <- eval <- train <- plan <- report <- train.py <- launch <- bench
+    rundir <- health <- data <- models <- eval <- train <- plan <- report <- train.py <- launch <- bench
 
 (train.py, the command line, prints the planner's and the report's output; tests may import anything). Every import counts: at module
 level, inside functions, under ``if TYPE_CHECKING``. An upward import is how a cycle starts
 (the decoder's CLI once imported eval.load while eval.load imported the decoder).
 
 ``train`` has rooms of its own, layered the same way (``TRAIN_ROOMS``, lowest first): its
-base modules, the run's health, the callbacks, the trainer and its torchtitan adapter, the
+base modules, the callbacks, the trainer and its torchtitan adapter, the
 build, and the entry points. No import circle inside train/."""
 
 from __future__ import annotations
@@ -19,18 +19,15 @@ from rundir import REPO
 
 SCRIPT = "train.py"  # the command line's layer, above the planner and the report it prints
 
-LAYERS = ["rundir", "data", "models", "eval", "train", "plan", "report", SCRIPT, "launch", "bench"]
+LAYERS = ["rundir", "health", "data", "models", "eval", "train", "plan", "report", SCRIPT, "launch", "bench"]
 TRAIN_ROOMS = [
-    ["train.exits", "train.recipe", "train.cpu", "train.snapshot", "train.metric_names",
+    ["train.recipe", "train.cpu", "train.snapshot", "train.metric_names",
      # a preference run's parts below its trainer: losses, pairs, reference log-probs, its plan
      "train.preference.loss", "train.preference.metrics", "train.preference.reference",
      "train.preference.plan"],
-    ["train.health"],
     ["train.callbacks"],
     ["train.titan", "train.trainer", "train.preference"],  # train.preference.trainer (and the package)
     ["train.build"],
-    ["plan"],
-    ["report"],
     ["train.data", "train.config_registry", "train"],  # the entry points ("train": the train.py script)
 ]
 SKIP = {"tests", ".venv", "runs", "assets", "recipes"}
@@ -87,7 +84,7 @@ def upward_imports(root: Path) -> list[str]:
 
 
 def room_of(module: str) -> int | None:
-    """The room in train/ of a dotted module name (``train.health.guard`` -> the health room), or None."""
+    """The room in train/ of a dotted module name (``train.callbacks.guard`` -> the callbacks room), or None."""
     for i, room in enumerate(TRAIN_ROOMS):
         if any(module == r or (r != "train" and module.startswith(r + ".")) for r in room):
             return i
@@ -124,7 +121,7 @@ def import_cycles(root: Path) -> list[list[str]]:
     for name, path in modules.items():
         targets = set()
         for _, target in imports(root, path, names=True):
-            while target and target not in modules:  # ``from train.health import guard``: guard, else the package
+            while target and target not in modules:  # ``from train.callbacks import guard``: guard, else the package
                 target = target.rpartition(".")[0]
             if target and target not in (name, "train"):  # "train": the package's __init__, not the script
                 targets.add(target)
@@ -158,21 +155,20 @@ def test_train_rooms_import_only_their_own_room_or_lower_and_form_no_circle():
 def test_the_room_check_finds_a_planted_upward_import_and_a_circle(tmp_path):
     write(tmp_path, {
         "train/__init__.py": "",
-        "train/health/__init__.py": "",
-        "train/health/guard.py": "from train.trainer import LaneformerTrainer\n",  # health above the trainer
-        "train/trainer.py": "from train.health import guard\n",
         "train/callbacks/__init__.py": "",
+        "train/callbacks/guard.py": "from train.trainer import LaneformerTrainer\n",  # a callback above the trainer
+        "train/trainer.py": "from train.callbacks import guard\n",
         "train/callbacks/a.py": "import train.callbacks.b\n",
         "train/callbacks/b.py": "from train.callbacks import a\n",  # a circle inside one room
         "train/stray.py": "",
     })
     assert upward_in_train(tmp_path) == [
-        "train/health/guard.py:1: train.health.guard (train.health) imports train.trainer (train.titan)",
+        "train/callbacks/guard.py:1: train.callbacks.guard (train.callbacks) imports train.trainer (train.titan)",
         "train/stray.py: train.stray is in no room of TRAIN_ROOMS",
     ]
     assert sorted(map(tuple, import_cycles(tmp_path))) == [
         ("train.callbacks.a", "train.callbacks.b", "train.callbacks.a"),
-        ("train.health.guard", "train.trainer", "train.health.guard"),
+        ("train.callbacks.guard", "train.trainer", "train.callbacks.guard"),
     ]
 
 

@@ -42,8 +42,8 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from train.cpu import has_gpu
-from train.health.consistency import is_verified
-from train.health.storage import NoSpace, checkpoint_bytes, free_bytes, is_out_of_space
+from health.consistency import is_verified
+from health.storage import NoSpace, checkpoint_bytes, free_bytes, is_out_of_space
 
 # What the changes below and the loop rely on: (owner, attribute) -> its signature in torchtitan 0.3.0
 # (None: it only has to exist).

@@ -49,8 +49,8 @@ from torchtitan.trainer import Trainer
 from rundir import checkpoint_of
 from train.callbacks.callback import Callbacks
 from train.callbacks.spike_guard import SpikeGuard
-from train.health.heartbeat import Heartbeat
-from train.health.phases import Phase
+from health.heartbeat import Heartbeat
+from health.phases import Phase
 from train.titan import GuardedOptimizers
 
 CALLBACKS_KEY = "callbacks"  # the callbacks' state in the trainer's checkpoint state (train.callbacks.callback)

@@ -38,7 +38,7 @@ runs that are not done and not running, and prints done/running/left.
 variant's memory plan and roofline tokens/s on N GPUs of kind ``--gpu``
 (plan, as ``train.py --plan``) and the GPU-hours of every run and the sweep.
 
-Exit status (``train.exits.Exit``): 0 when every run it started ended done (or a dry run's checks
+Exit status (``health.exits.Exit``): 0 when every run it started ended done (or a dry run's checks
 passed); 2 (BAD_INPUT) for a bad flag, sweep file or variant, before anything is written; 1 (CRASH)
 when a run's launcher gave up on it (launch.local exited non-zero: its ``fail`` decision, e.g. the
 crash budget) or launch.slurm refused a submission. The sweep itself did not crash then, but a run of

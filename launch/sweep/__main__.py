@@ -12,7 +12,7 @@ from launch.sweep.runs import launch_local, launch_slurm, runs_of, state, sweep_
 from launch.sweep.spec import SweepError, read_sweep, variants
 from launch.sweep.table import grid_lines, plan_lines
 from train import recipe as R
-from train.exits import Exit
+from health.exits import Exit
 from plan.gpus import GPUS
 
 TO_START = ("failed", "left")  # what a launch starts: a failed run is tried again, a left one resumed

@@ -1,4 +1,4 @@
-"""Replica consistency under HSDP (train/health/consistency.py), with a real bit flipped in one rank's shard.
+"""Replica consistency under HSDP (health/consistency.py), with a real bit flipped in one rank's shard.
 
 6 gloo ranks as 2 shards x 3 replicas (replica groups [0, 2, 4] and [1, 3, 5]):
 ``LANEFORMER_TEST_BITFLIP=5:3`` flips one bit of rank 5's parameter shard, in the second group, after
@@ -24,7 +24,7 @@ import torch
 
 from rundir import ALERTS_FILE, REPO, VERIFIED_FILE
 from tests.conftest import checkpoint_tensors, env, train_command
-from train.exits import EXIT_FILE_ENV, Exit
+from health.exits import EXIT_FILE_ENV, Exit
 
 pytestmark = pytest.mark.slow
 

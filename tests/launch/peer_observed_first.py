@@ -1,5 +1,5 @@
 """Two gloo ranks that make torchrun report a SIGKILLed rank only in its failure table, with the peer
-whose collective failed named first (tests/launch/test_torchrun_failures.py runs it under torchrun).
+whose collective failed named first (tests/launch/test_failure_table.py runs it under torchrun).
 
 Rank 1 stays out of a collective; rank 0's times out, its failure is recorded in its torchelastic error
 file (as ``@record`` does) and it stays up, as a rank busy shutting down does. Only then, and in the

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from launch import attempts
-from train import exits
-from train.exits import Exit, note_exit
+from health import exits
+from health.exits import Exit, note_exit
 from train.callbacks.preemption import Preemption
-from train.health import preemption
-from train.health.preemption import Preempted
+from health import preemption
+from health.preemption import Preempted
 
 
 @pytest.mark.parametrize("rc, note, before, after, crashes, expected", [
@@ -229,7 +229,7 @@ def test_a_step_the_loop_already_checkpointed_is_not_saved_again(hook):
 
 
 def test_a_replica_mismatch_excludes_the_node_the_check_named():
-    """train.health.consistency's exit note names the odd rank's host; the requeue leaves that node out
+    """health.consistency's exit note names the odd rank's host; the requeue leaves that node out
     (with 2 replicas, where no majority exists, both holders)."""
     from launch.attempts import mismatch_nodes
 

@@ -1,4 +1,4 @@
-"""The stall rule (launch.watchdog) and the goodput account (train.health.goodput) on hand-written
+"""The stall rule (launch.watchdog) and the goodput account (health.goodput) on hand-written
 heartbeats and attempt records, against sums done by hand. The real faults that produce such
 records are tests/launch/test_launch_local.py's and test_launch_slurm.py's."""
 
@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 import pytest
 
 from launch.attempts import decide
-from train.health.goodput import account
+from health.goodput import account
 from launch.watchdog import Limits, stalled
 
 LIMITS = Limits(stall=10, first_step=100, checkpoint=50, eval=200)
@@ -78,7 +78,7 @@ def test_goodput_adds_up_by_hand(tmp_path):
     # 4 of launch 1's 12 steps (9-12) were trained again, at its 60 s / 12 steps
     assert a["replayed_steps"] == 4
     costs = {k: round(v, 6) for k, v in a["costs"].items()}
-    # a rollback's checkpoint load is its own cost (train.health.phases.Phase.ROLLBACK), not productive time
+    # a rollback's checkpoint load is its own cost (health.phases.Phase.ROLLBACK), not productive time
     assert costs == {"first start": 10, "restarts": 10, "replays": 20, "checkpoints": 4, "rollbacks": 3, "evals": 5,
                      "stalls": 20 + 5, "preemptions": 2, "crashes": 0}
     assert round(a["productive_s"], 6) == 60 - 20 + 70

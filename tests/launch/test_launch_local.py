@@ -25,8 +25,8 @@ from launch.slurm import status
 from launch.watchdog import Limits, stalled
 from rundir import REPO
 from tests.conftest import STEPS, env, kill_tree, local_command, losses, metrics, reference_run
-from train.health.alerts import read_alerts
-from train.health.heartbeat import read_beats
+from health.alerts import read_alerts
+from health.heartbeat import read_beats
 from report.page import embedded_data
 from tests.launch.conftest import logged_steps, wait_for
 
@@ -73,7 +73,7 @@ STRAGGLER_THRESHOLD = 0.5
 
 
 def first_straggler(rows: dict[int, dict], threshold: float, windows: int) -> tuple[int, int] | None:
-    """(rank, step) of the first alert train.health.straggler's rule gives on 3 ranks' logged numbers.
+    """(rank, step) of the first alert health.straggler's rule gives on 3 ranks' logged numbers.
     With 3 ranks only the slowest can exceed the median of the other two (the upper one: the middle
     rank's), which is the logged median of all three; the streak is per rank."""
     streak: dict[int, int] = {}

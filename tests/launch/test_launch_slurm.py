@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from launch import attempts
-from train.health import goodput
+from health import goodput
 from launch.attempts import checkpoint_step, history, job_info
 from launch.slurm import job_ids
 from launch.slurm import main as slurm_main

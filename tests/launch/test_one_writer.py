@@ -1,4 +1,4 @@
-"""One live writer per run dir (train/health/holder.py).
+"""One live writer per run dir (health/holder.py).
 
 A SIGKILL of torchrun's process group leaves no rank training (torchrun starts its workers in sessions
 of their own; each rank asks the kernel to die with its agent); a second launch into a run dir whose
@@ -24,10 +24,10 @@ import rundir
 from rundir import REPO
 from tests.conftest import env, kill_tree, losses, train, train_command
 from tests.launch.conftest import wait_for
-from train.exits import Exit
-from train.health.heartbeat import launch_id, read_beats
-from train.health.heartbeat import process_start_time as process_start
-from train.health.holder import claim, holders, pid_alive
+from health.exits import Exit
+from health.heartbeat import launch_id, read_beats
+from health.heartbeat import process_start_time as process_start
+from health.holder import claim, holders, pid_alive
 from train.recipe import Launch
 
 HOST = socket.gethostname()
@@ -39,7 +39,7 @@ LIMITS = Launch(stall_timeout=60, stall_timeout_first_step=300, stall_timeout_ch
 
 def write_beat(run: Path, rank: int, *, pid: int, host: str = HOST, launch: str = "other/0/127.0.0.1:1",
                age: float = 1.0, phase: str = "data", done: int = 5, world: int = 1, process: float | None = None):
-    """A heartbeat file as train.health.heartbeat writes it (the fields the holder reads)."""
+    """A heartbeat file as health.heartbeat writes it (the fields the holder reads)."""
     folder = rundir.heartbeat_dir(run)
     folder.mkdir(parents=True, exist_ok=True)
     marks = {"trainer": time.time() - 100} | ({"process": process} if process is not None else {})
@@ -276,7 +276,7 @@ def test_a_claim_from_another_host_holds_for_the_first_steps_allowance(tmp_path)
 
 # ---- die with the parent -----------------------------------------------------------------------
 
-RANK = ("import sys, time; sys.path.insert(0, {repo!r}); from train.health.holder import die_with_parent; "
+RANK = ("import sys, time; sys.path.insert(0, {repo!r}); from health.holder import die_with_parent; "
         "print(die_with_parent({parent}), flush=True); time.sleep(60)")
 AGENT = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {rank!r}], start_new_session=True); "
          "print(p.pid, flush=True); time.sleep(60)")  # as torchrun starts its workers

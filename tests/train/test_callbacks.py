@@ -21,8 +21,8 @@ from train import recipe as R
 from train.build import callbacks as callback_configs
 from train.callbacks.callback import POINTS, Callback, Callbacks
 from train.callbacks.eval import Eval
-from train.health.heartbeat import Heartbeat, read_beats
-from train.health.phases import Phase, bucket
+from health.heartbeat import Heartbeat, read_beats
+from health.phases import Phase, bucket
 
 TABLE_MARK = "<!-- one-step-table:"
 REFERENCE_PASS = "trainer: a preference run's reference pass"  # the table's row a pretraining run has not

@@ -1,4 +1,4 @@
-"""train/health/consistency.py's parts, in one process: the checksum sees any single flipped bit, the vote
+"""health/consistency.py's parts, in one process: the checksum sees any single flipped bit, the vote
 names the odd replica (or, without a majority, every holder), the launcher restarts after a mismatch,
 and the planner's cost line against a count by hand. The run itself (6 gloo ranks, a real bit
 flipped) is tests/e2e/test_replica_consistency.py."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from launch.attempts import decide
-from train.exits import Exit
-from train.health.consistency import checksum, vote
+from health.exits import Exit
+from health.consistency import checksum, vote
 from plan.replica import plan_lines
 
 

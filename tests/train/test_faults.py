@@ -13,7 +13,7 @@ import torch
 
 import rundir
 from models.laneformer.state_dict_adapter import hf_to_native_name
-from train.exits import EXIT_FILE_ENV, Exit
+from health.exits import EXIT_FILE_ENV, Exit
 from rundir import REPO
 from tests.conftest import env, losses, metrics
 

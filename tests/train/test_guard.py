@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from train.health.guard import StepGuard
+from health.guard import StepGuard
 
 
 def reference(values: list[tuple[float, float]], sigmas: float, window: int) -> list[str | None]:

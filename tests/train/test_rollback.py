@@ -1,4 +1,4 @@
-"""Spike rollback (train/health/rollback.py, train/callbacks/rollback.py) on CPU, with planted spikes.
+"""Spike rollback (health/rollback.py, train/callbacks/rollback.py) on CPU, with planted spikes.
 
 Steps 4 and 5 of a 6-step tiny run go NaN (one micro batch each, planted in the loss as
 tests/train/test_train.py plants one); its checkpoints at 2, 4 and 6 straddle the spikes: the step-4
@@ -58,7 +58,7 @@ def source_tokens(indices) -> dict[str, int]:
 
 
 def test_the_checkpoint_before_is_the_latest_complete_one_saved_before_the_first_spike(tmp_path):
-    from train.health.rollback import checkpoint_before
+    from health.rollback import checkpoint_before
 
     for step in (2, 4, 6):
         (tmp_path / f"step-{step}").mkdir()
@@ -107,7 +107,7 @@ def test_spikes_that_come_back_are_rolled_back_and_their_data_skipped(tmp_path):
 
     assert ("rollback", 2) in [(r.cause, r.step) for r in read_run(run).restarts]
     # The load was beaten under its own phase: the checkpoint allowance, booked as rollbacks in goodput.
-    from train.health.heartbeat import read_beats
+    from health.heartbeat import read_beats
 
     (beat,) = read_beats(run)
     assert beat["phase_s"].get("rollback", 0) > 0, beat["phase_s"]
@@ -153,7 +153,7 @@ runpy.run_path("train.py", run_name="__main__")
 
 @pytest.mark.slow
 def test_a_kill_during_a_spike_window_and_a_straggler_streak_resumes_both_counts(tmp_path):
-    from train.health.alerts import read_alerts
+    from health.alerts import read_alerts
 
     def launch(poisoned: set[int], kill_at: int):
         script = tmp_path / f"inject-{kill_at}.py"

@@ -18,8 +18,8 @@ from rundir import REPO
 from tests.train.test_faults import train_rank0
 from train import recipe as R
 from train.build import preflight
-from train.exits import Exit
-from train.health.storage import checkpoint_bytes, free_bytes
+from health.exits import Exit
+from health.storage import checkpoint_bytes, free_bytes
 
 TINY_PARAMS = 2_098_304  # the tiny flavor (test_model pins the flavors' sizes)
 MiB = 2**20

@@ -1,4 +1,4 @@
-"""The straggler rule (train/health/straggler.py) on compute times given by hand and recorded from a
+"""The straggler rule (health/straggler.py) on compute times given by hand and recorded from a
 real 3-rank run, and ``[launch] straggler_threshold``'s validation. The real run that makes a rank
 slow (a shared core) is tests/launch/test_launch_local.py's."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from rundir import REPO
 from train import recipe as R
-from train.health.straggler import Streaks, others_median
+from health.straggler import Streaks, others_median
 
 
 def named(threshold: float, windows: int, steps: list[list[float]]) -> list[tuple[int, int]]:

@@ -23,7 +23,7 @@ from data.tokenizer import Tokenizer, check_sha256, how_to_get
 from eval.suite import check_inputs
 from models.laneformer import NATIVE_FIELDS, Laneformer, laneformer_configs, model_registry
 from models.laneformer.checkpoint import open_checkpoint
-from train.health.storage import run_dir_problem
+from health.storage import run_dir_problem
 from train.preference.build import check as check_preference
 from train.recipe import Recipe, RecipeError, check_keys, check_needs, check_value, check_world
 

@@ -12,5 +12,5 @@ by the point where they act (``train.build.callbacks`` makes the run's list from
 - ``preemption``: a signal becomes a checkpoint and an exit at a step boundary;
 - ``rollback``: spikes that keep coming are rolled back to a checkpoint before them.
 
-What they call into lives in ``train.health`` (the run's health) and ``eval``.
+What they call into lives in ``health`` (the run's health) and ``eval``.
 """

@@ -3,7 +3,7 @@ that rank's first non-empty local shard of TARGET after that step's update, so t
 (``train.callbacks.replica_check``, which runs right after) has a silent corruption to find. TARGET is
 ``params`` (the default: a parameter) or ``optimizer`` (AdamW's first moment, ``exp_avg``: state the
 loss does not show until a later update reads it). The rank places the fault in its replica group
-(``train.health.consistency``: ``[replicate, shard]`` mesh, a group per shard).
+(``health.consistency``: ``[replicate, shard]`` mesh, a group per shard).
 ``train.build`` adds this callback only when the variable is set: a real run never calls it."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch.distributed as dist
 from torchtitan.config import Configurable
 
 from train.callbacks.callback import Callback, TrainerView
-from train.health.consistency import WORDS, local
-from train.health.phases import Phase
+from health.consistency import WORDS, local
+from health.phases import Phase
 
 BITFLIP_ENV = "LANEFORMER_TEST_BITFLIP"
 TARGETS = ("params", "optimizer")

@@ -17,7 +17,7 @@ README's "One step, in order" table lists who runs at each):
 - ``on_error(error)``: training stopped on an exception (not a preemption).
 
 Each callback has a ``name`` (its key in the checkpoint), a ``priority`` (higher first) and a
-``phase`` (``train.health.phases.Phase``: what its rank's heartbeat says while it runs, so what the
+``phase`` (``health.phases.Phase``: what its rank's heartbeat says while it runs, so what the
 stall watchdog allows it and where goodput books its time). They are called in (-priority, name)
 order, the same on every rank. A callback with state saves it with the checkpoint
 (``state_dict``/``load_state_dict``, JSON-able, equal on every rank), so a restart continues its
@@ -49,8 +49,8 @@ from torchtitan.distributed import ParallelDims
 
 from data.loader import BatchLoaderSlot, SentencePieceTokenizer
 from data.pairs_loader import PairSet
-from train.health.heartbeat import Heartbeat
-from train.health.phases import Phase
+from health.heartbeat import Heartbeat
+from health.phases import Phase
 from train.preference.loss import PreferenceLoss
 
 POINTS = ("pre_train", "pre_step", "pre_optim_step", "post_train_batch", "pre_checkpoint", "post_checkpoint_saved",

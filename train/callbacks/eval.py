@@ -42,7 +42,7 @@ import rundir
 from data.mixture import IGNORE_INDEX, Mixture, SourceSpec
 from eval.spec import EvalSpec
 from train.callbacks.callback import Callback, PreferenceTrainerView, TrainerView
-from train.health.phases import Phase
+from health.phases import Phase
 from train.metric_names import VAL_BPB, VAL_LOSS, per_set
 from train.preference.metrics import EVAL_ACCURACY, EVAL_LOSS
 from train.preference.reference import pair_logps

@@ -24,9 +24,9 @@ from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
 from rundir import latest_evals
-from train.exits import Exit, StopRun
+from health.exits import Exit, StopRun
 from train.callbacks.callback import Callback, TrainerView, bookkeeping_group
-from train.health.phases import Phase
+from health.phases import Phase
 
 
 class ExportFailed(StopRun):

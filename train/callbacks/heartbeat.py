@@ -1,6 +1,6 @@
 """The heartbeat's marks and counts: a step begins, the first step is done, the steps done.
 
-The trainer's ``Heartbeat`` (``train.health.heartbeat``) is made before anything else, so a stall
+The trainer's ``Heartbeat`` (``health.heartbeat``) is made before anything else, so a stall
 while building is seen too, and every phase a rank enters is beaten through it
 (the trainer's ``enter``); this callback adds what the watchdog and goodput read about steps.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from torchtitan.config import Configurable
 
 from train.callbacks.callback import Callback, TrainerView
-from train.health.phases import Phase
+from health.phases import Phase
 
 
 class HeartbeatMarks(Callback[TrainerView], Configurable):

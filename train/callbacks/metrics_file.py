@@ -18,7 +18,7 @@ from torchtitan.config import Configurable
 
 from rundir import METRICS_FILE
 from train.callbacks.callback import Callback, TrainerView
-from train.health.phases import Phase
+from health.phases import Phase
 
 
 class MetricsJsonl(BaseLogger):

@@ -1,5 +1,5 @@
 """Preemption at a step boundary: after every step (and its save) the ranks agree on the signal flag
-(``train.health.preemption``); if any rank got it, the step is checkpointed and every rank leaves
+(``health.preemption``); if any rank got it, the step is checkpointed and every rank leaves
 with ``Preempted`` (train.py exits ``Exit.PREEMPTED``: run the same command again to resume)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
 from train.callbacks.callback import Callback, TrainerView, bookkeeping_group
-from train.health.phases import Phase
-from train.health.preemption import Preempted, anyone_requested, catch_signals
+from health.phases import Phase
+from health.preemption import Preempted, anyone_requested, catch_signals
 
 
 class Preemption(Callback[TrainerView], Configurable):

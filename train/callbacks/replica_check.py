@@ -1,4 +1,4 @@
-"""The HSDP replica check (``train.health.consistency``) at its points: after the update every
+"""The HSDP replica check (``health.consistency``) at its points: after the update every
 ``[training] consistency_every`` steps, and before every checkpoint save; a save after a passing
 check is marked verified. Inactive without replicas (``[parallel] replicate`` 1)."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 from torchtitan.config import Configurable
 
 from train.callbacks.callback import Callback, TrainerView
-from train.health.consistency import ReplicaVerifier
-from train.health.phases import Phase
+from health.consistency import ReplicaVerifier
+from health.phases import Phase
 
 
 class ReplicaCheck(Callback[TrainerView], Configurable):

@@ -23,8 +23,8 @@ from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
 from train.callbacks.callback import Callback, TrainerView
-from train.health.holder import killed_with_parent
-from train.health.phases import Phase
+from health.holder import killed_with_parent
+from health.phases import Phase
 from train.metric_names import LAUNCH, PARAMETERS
 
 

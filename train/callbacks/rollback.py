@@ -1,4 +1,4 @@
-"""Spike rollback: decided at a logging step, done after that step's save (``train.health.rollback``).
+"""Spike rollback: decided at a logging step, done after that step's save (``health.rollback``).
 
 After a logging step's save, when ``[training] spike_rollbacks`` skipped steps came within
 ``spike_window`` steps (the spike guard's counters, read at that step anyway), the run loads the latest complete checkpoint
@@ -22,8 +22,8 @@ from torchtitan.tools.logging import logger
 from rundir import checkpoint_of, rollbacks_file
 from train.callbacks.callback import Callback, TrainerView, at_logging_steps
 from train.callbacks.spike_guard import SpikeGuard
-from train.health import rollback
-from train.health.phases import Phase
+from health import rollback
+from health.phases import Phase
 
 
 class Rollback(Callback[TrainerView], Configurable):

@@ -8,7 +8,7 @@ from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
 from train.callbacks.callback import Callback, TrainerView, at_logging_steps
-from train.health.phases import Phase
+from health.phases import Phase
 
 
 class SourceTokens(Callback[TrainerView], Configurable):

@@ -1,7 +1,7 @@
 """The spike guard at its two points: it decides before the update, and is read at logging steps.
 
 Before the optimizer update the step's global loss and pre-clip gradient norm go to the
-``StepGuard`` (``train.health.guard``), whose 0/1 answer the fused AdamW takes as ``found_inf``:
+``StepGuard`` (``health.guard``), whose 0/1 answer the fused AdamW takes as ``found_inf``:
 nothing is read on the host. At logging steps (where the loss is read anyway) its counters are:
 skips since the last log are logged, and too many consecutive skips stop the run (``SkippedOut``).
 Its history is checkpointed, so a resumed run decides exactly as the uninterrupted one would.
@@ -17,9 +17,9 @@ from torchtitan.tools.logging import logger
 
 from rundir import latest_complete_checkpoint
 from train.callbacks.callback import Callback, TrainerView, at_logging_steps
-from train.exits import Exit, StopRun
-from train.health.guard import GuardReading, StepGuard
-from train.health.phases import Phase
+from health.exits import Exit, StopRun
+from health.guard import GuardReading, StepGuard
+from health.phases import Phase
 
 
 class SkippedOut(StopRun):

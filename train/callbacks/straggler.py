@@ -1,4 +1,4 @@
-"""The straggler check (``train.health.straggler``) at logging steps, after the step's save.
+"""The straggler check (``health.straggler``) at logging steps, after the step's save.
 
 Every rank times the fixed GEMM alone and adds its data wait since the last logging step; the
 ranks all-gather the two numbers over the bookkeeping group (gloo, host tensors: no device sync) and
@@ -20,9 +20,9 @@ from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
 from train.callbacks.callback import Callback, TrainerView, at_logging_steps, bookkeeping_group
-from train.health.alerts import write_alert
-from train.health.phases import Phase
-from train.health.straggler import GEMM, Streaks, gemm_seconds, others_median
+from health.alerts import write_alert
+from health.phases import Phase
+from health.straggler import GEMM, Streaks, gemm_seconds, others_median
 
 
 class Straggler(Callback[TrainerView], Configurable):

@@ -28,7 +28,7 @@ from data.pairs_loader import PAIR_IDS, PairSet
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools.logging import logger
 
-from train.health.phases import Phase
+from health.phases import Phase
 from train.preference import reference
 from train.preference.loss import PreferenceLoss, pair_sums, sequence_logps
 from train.preference.metrics import STEP_METRICS

@@ -154,11 +154,11 @@ class Training:
     spike_sigmas: float = 6.0
     spike_window: int = 100
     max_consecutive_skips: int = 100  # stop (exit 4) after this many skips in a row (a spike window)
-    # Roll back (train/health/rollback.py) when this many steps are skipped within spike_window steps: to the
+    # Roll back (health/rollback.py) when this many steps are skipped within spike_window steps: to the
     # checkpoint before the first of them, skipping the data seen since (PaLM's remedy). 0: never.
     spike_rollbacks: int = 0
     # With [parallel] replicate > 1: steps between comparisons of the replicas' parameters and optimizer
-    # state (train/health/consistency.py); always also before a checkpoint save. 0: before saves only.
+    # state (health/consistency.py); always also before a checkpoint save. 0: before saves only.
     consistency_every: int = 100
 
     def __post_init__(self):
@@ -265,11 +265,11 @@ class Launch:
     # Crash restarts (each after a new checkpoint) allowed per 24 hours; 0: no limit.
     # Crashes without a new checkpoint in between always stop the run.
     crashes_per_day: int = 8
-    # Seconds without a heartbeat from any rank (train/health/heartbeat.py) before a launcher ends the job as
+    # Seconds without a heartbeat from any rank (health/heartbeat.py) before a launcher ends the job as
     # stalled, dumps every rank's Python stacks to <run>/stalls/, and restarts it as after a crash; 0: off.
     # Longer allowances: until every rank has finished its first step (rendezvous, build, checkpoint
     # load, compile), and while a rank is in a checkpoint save or load, or in an eval, export or report
-    # (train/health/phases.py says which phase gets which).
+    # (health/phases.py says which phase gets which).
     # Above comm_train_timeout, so that a hang inside a collective is the comm watchdog's to end.
     stall_timeout: int = 600
     stall_timeout_first_step: int = 1800
@@ -280,7 +280,7 @@ class Launch:
     # the planned restart, seconds (launch.slurm status measures it).
     node_mtbf_hours: float = 6330.0
     restart_s: float = 600.0
-    # A rank whose compute check (train/health/straggler.py) is slower than the other ranks' median by more than this
+    # A rank whose compute check (health/straggler.py) is slower than the other ranks' median by more than this
     # fraction at straggler_windows logging steps in a row is named: stderr, <run>/alerts.jsonl, wandb.alert.
     straggler_threshold: float = 0.2
     straggler_windows: int = 5

@@ -31,7 +31,7 @@ class Exit(IntEnum):
     EXPORT_FAILED = 3  # training complete and checkpointed; the end-of-run export failed
     SKIPPED_OUT = 4  # too many consecutive skipped steps
     NO_SPACE = 5  # the run dir's disk cannot hold the next checkpoint
-    REPLICA_MISMATCH = 6  # HSDP replicas of a shard differ (train.health.consistency): nothing saved
+    REPLICA_MISMATCH = 6  # HSDP replicas of a shard differ (health.consistency): nothing saved
     PREEMPTED = 75  # sysexits' EX_TEMPFAIL: checkpointed on a signal, run me again
 
 

@@ -18,7 +18,7 @@ uninterrupted one would.
 
 With ``remember`` > 0 the guard also keeps the steps of the latest ``remember``
 skips (on the device, read with the counters), which is what a spike rollback
-(``train.health.rollback``) needs to see that ``[training] spike_rollbacks`` spikes
+(``health.rollback``) needs to see that ``[training] spike_rollbacks`` spikes
 came within a window.
 """
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import rundir
-from train.exits import Exit, StopRun
+from health.exits import Exit, StopRun
 
 # What a DCP checkpoint holds per parameter: the fp32 weights (FSDP keeps them in fp32 whatever
 # the compute dtype) and AdamW's two fp32 moments. Loader, scheduler and guard states are small.

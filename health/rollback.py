@@ -1,6 +1,6 @@
 """Spike rollback: spikes that keep coming back are rolled back, and the data around them skipped.
 
-The step guard (``train.health.guard``) skips a spiking step, and 100 skips in a row stop the run
+The step guard (``health.guard``) skips a spiking step, and 100 skips in a row stop the run
 (OLMo-core's rule). A spike that comes back a few steps later means the weights have already
 drifted to where this stretch of data spikes them; PaLM's remedy (Chowdhery et al. 2022, "PaLM:
 Scaling Language Modeling with Pathways", sec. 5.1: restart from a checkpoint about 100 steps

@@ -39,8 +39,8 @@ from typing import Any, Iterable
 import torch
 
 from rundir import VERIFIED_FILE
-from train.exits import Exit, StopRun
-from train.health.alerts import write_alert
+from health.exits import Exit, StopRun
+from health.alerts import write_alert
 
 WORDS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 

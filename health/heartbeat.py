@@ -4,18 +4,18 @@ A job can stay up and make no progress outside any collective (a checkpoint
 write to a stuck filesystem, a data read that never returns, a deadlock in an
 eval), where the NCCL watchdog (``[parallel] comm_train_timeout``) never fires.
 So every rank overwrites one small file, ``rundir.heartbeat_dir(run)/rank-<R>.json``,
-as it enters each phase (``train.health.phases.Phase``: the step's own, and each
+as it enters each phase (``health.phases.Phase``: the step's own, and each
 callback's). A beat reads no tensor, so it adds no host sync; a write is a
 ``pwrite`` of one padded JSON line, at once when the phase or the step changes (so
 a rank that blocks right after entering a phase is seen in that phase), else at
 most once a second (192 ranks share one filesystem). ``launch.watchdog`` reads the files.
 
-The record also carries what goodput accounting (``train.health.goodput``) needs
+The record also carries what goodput accounting (``health.goodput``) needs
 from this process: the marks of its way to the first step (``process`` start,
 ``trainer`` init, ``rendezvous`` done, ``built``, checkpoint ``loaded``,
 ``first_step`` done: wall-clock seconds), and after the first step the seconds
 spent in each phase (``phase_s``), summed at each beat; ``launch``, the id its
-launch's ranks share (``train.health.holder`` tells another launch's ranks by it); and ``owner``,
+launch's ranks share (``health.holder`` tells another launch's ranks by it); and ``owner``,
 who claimed the run dir for them (``launch_owner``: the holder frees the run dir of an owner whose
 end the launcher recorded).
 
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from rundir import BEAT_FILE, beat_file, heartbeat_dir
-from train.health.phases import Phase
-from train.health.stacks import catch_stack_dumps
+from health.phases import Phase
+from health.stacks import catch_stack_dumps
 
 RECORD_BYTES = 2048  # every beat overwrites the same bytes: no truncate, no torn length
 WRITE_EVERY_S = 1.0  # same-phase beats of the same step: at most one write a second
@@ -52,14 +52,14 @@ LAUNCH_ENV = "LANEFORMER_LAUNCH"
 
 
 def launch_owner() -> str:
-    """Who holds the run dir for this process (train.health.holder's claim): the launcher's job where a
+    """Who holds the run dir for this process (health.holder's claim): the launcher's job where a
     launcher started it (``LAUNCH_ENV``), else this launch's id."""
     return os.environ.get(LAUNCH_ENV) or launch_id()
 
 
 def process_start_time(pid: int | str = "self") -> float | None:
     """A process's start, wall clock (Linux: /proc): this one's for time to the first step (falls back
-    to now), another's for train.health.holder (None when it is gone)."""
+    to now), another's for health.holder (None when it is gone)."""
     try:
         ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
         boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
@@ -70,7 +70,7 @@ def process_start_time(pid: int | str = "self") -> float | None:
 
 
 class Heartbeat:
-    """One rank's heartbeat file (and, through ``train.health.stacks``, its stack-dump file)."""
+    """One rank's heartbeat file (and, through ``health.stacks``, its stack-dump file)."""
 
     def __init__(self, run: Path):
         self.rank = int(os.environ.get("RANK", 0))
@@ -118,7 +118,7 @@ def read_beats(run: Path) -> list[dict]:
 
 
 def summary(beats: list[dict]) -> dict:
-    """What launch.attempts.end records of a launch's heartbeats (train.health.goodput reads it): rank 0's
+    """What launch.attempts.end records of a launch's heartbeats (health.goodput reads it): rank 0's
     marks and phase times, the last step every rank finished, the last beat of any rank."""
     if not beats:
         return {}

@@ -1,7 +1,7 @@
 """Goodput: productive training time over wall time since the first launch, and what each cause cost.
 
 Every end in ``attempts.jsonl`` carries the ranks' last heartbeat summary
-(``summary``, written by ``launch.attempts.end`` from train/health/heartbeat.py): the
+(``summary``, written by ``launch.attempts.end`` from health/heartbeat.py): the
 marks on the way to the first step, the seconds per phase after it, the last
 step every rank finished and the last beat. From those and the start/end
 times of each launch:
@@ -16,7 +16,7 @@ times of each launch:
 - **checkpoints** (every save, a preemption's too), **rollbacks** (their checkpoint load),
   **evals** (eval, report and export), **preemptions** (the per-step agreement on a preemption
   request): time in those phases after the first step, each phase booked where
-  ``train.health.phases.Phase.bucket`` says;
+  ``health.phases.Phase.bucket`` says;
 - per end cause (**stalls**, **preemptions**, **crashes**): the time from the
   launch's last beat to its end (the stall allowance ran out, a crashed job
   wound down, the preemption save) plus the wait until the next start (requeue,
@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from rundir import attempts_file, read_jsonl
-from train.health.heartbeat import read_beats, summary
-from train.health.phases import bucket
+from health.heartbeat import read_beats, summary
+from health.phases import bucket
 
 STARTUP = (("process", "process"), ("imports", "trainer"), ("rendezvous", "rendezvous"), ("build", "built"),
            ("checkpoint load", "loaded"), ("first step", "first_step"))

@@ -8,7 +8,7 @@ agree on it (``anyone_requested``: an all-reduce MAX over a CPU (gloo) group,
 read as host memory, so it never waits for the GPU): they save at the same step
 and leave (``train.callbacks.preemption``). A flag set during an eval or a save
 stays set until the next boundary. train.py notes the exit for the launcher
-(``train.exits``).
+(``health.exits``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import signal
 import torch
 import torch.distributed as dist
 
-from train.exits import Exit
+from health.exits import Exit
 
 
 class Preempted(SystemExit):

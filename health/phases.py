@@ -1,11 +1,11 @@
 """The phases a rank goes through, declared once: what each may take and where its time goes.
 
-A rank's heartbeat (``train.health.heartbeat``) names the phase it is in. Two readers act on it:
+A rank's heartbeat (``health.heartbeat``) names the phase it is in. Two readers act on it:
 
 - the stall watchdog (``launch.watchdog``) allows a phase its ``allowance``: ``checkpoint`` and
   ``eval`` phases get the recipe's longer ``[launch] stall_timeout_checkpoint``/``_eval``, every
   other phase the steady ``stall_timeout``;
-- goodput (``train.health.goodput``) books a phase's time in its ``bucket``: productive training,
+- goodput (``health.goodput``) books a phase's time in its ``bucket``: productive training,
   or one of the costs it reports.
 
 The trainer enters its own phases (``LOAD``, ``FORWARD_BACKWARD``, ``OPTIMIZER``, ``CHECKPOINT``);
@@ -26,10 +26,10 @@ class Phase(StrEnum):
     FORWARD_BACKWARD = "forward_backward"
     OPTIMIZER = "optimizer"  # clipping, the spike guard's decision, the update
     METRICS = "metrics"  # a logging step's numbers: progress, tokens per source
-    REPLICA_CHECK = "replica_check"  # HSDP copies compared (train.health.consistency)
-    STRAGGLER = "straggler"  # the compute check at logging steps (train.health.straggler)
+    REPLICA_CHECK = "replica_check"  # HSDP copies compared (health.consistency)
+    STRAGGLER = "straggler"  # the compute check at logging steps (health.straggler)
     CHECKPOINT = "checkpoint"  # a save, and waiting for an async one
-    ROLLBACK = "rollback"  # a spike rollback's checkpoint load (train.health.rollback)
+    ROLLBACK = "rollback"  # a spike rollback's checkpoint load (health.rollback)
     EVAL = "eval"
     EXPORT = "export"  # the end-of-run Hugging Face export
     REPORT = "report"  # rank 0 drawing the run report
@@ -42,7 +42,7 @@ class Phase(StrEnum):
 
     @property
     def bucket(self) -> str:
-        """Where goodput books this phase's time: ``productive`` or a cost (train.health.goodput.COSTS)."""
+        """Where goodput books this phase's time: ``productive`` or a cost (health.goodput.COSTS)."""
         return _BUCKET.get(self, "productive")
 
     @property

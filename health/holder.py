@@ -17,9 +17,9 @@ lines. So:
   train.py`` (train.py's ``as_one_rank``) is its own single rank: its parent is a shell or a test, and
   outliving it is fine, so nothing is set there.
 - ``claim``: before anything is written, a launch reads the run dir's heartbeats
-  (``train.health.heartbeat``: every rank's pid, host, launch id, step, phase, time). Beats of another
+  (``health.heartbeat``: every rank's pid, host, launch id, step, phase, time). Beats of another
   launch whose ranks are alive mean the run dir is held: the launch is refused (train.py and
-  launch.local exit 2, ``train.exits.Exit.BAD_INPUT``), naming the holder (host, pids, launch number,
+  launch.local exit 2, ``health.exits.Exit.BAD_INPUT``), naming the holder (host, pids, launch number,
   the age of its last beat). A holder whose ranks are gone (its pids no longer exist on this host, or,
   on another host, no beat for as long as the stall watchdog allows it: ``[launch] stall_timeout``,
   longer in a first step, a save or an eval) is stale: the launch takes the run dir over and says so.
@@ -48,8 +48,8 @@ from datetime import datetime
 from pathlib import Path
 
 import rundir
-from train.health.heartbeat import LAUNCH_ENV, launch_id, launch_owner, process_start_time, read_beats
-from train.health.stall import Limits, allowance
+from health.heartbeat import LAUNCH_ENV, launch_id, launch_owner, process_start_time, read_beats
+from health.stall import Limits, allowance
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -302,12 +302,11 @@ def _is_torchrun(pid) -> bool:
 
 
 def allowed_silence(beats: list[dict], launch) -> float:
-    """Seconds a launch may be silent before launch.watchdog ends it as stalled (``train.health.stall``,
+    """Seconds a launch may be silent before launch.watchdog ends it as stalled (``health.stall``,
     the watchdog's own rule; ``launch``: the recipe's ``[launch]``). With stall detection off
-    (``stall_timeout = 0``) the recipe defaults stand in: a holder must go stale some time."""
-    from train.recipe import Launch  # torch-free
-
-    limits, default = Limits.of(launch), Limits.of(Launch())
+    (``stall_timeout = 0``) the table's defaults stand in (its class built bare: ``train.recipe.Launch``'s):
+    a holder must go stale some time."""
+    limits, default = Limits.of(launch), Limits.of(type(launch)())
     for kind in ("stall", "first_step", "checkpoint", "eval"):
         setattr(limits, kind, getattr(limits, kind) or getattr(default, kind))
     return float(allowance(beats, limits)[0])

@@ -3,7 +3,7 @@
 ``faulthandler`` is registered on SIGUSR2 and writes into ``rank-<R>.stacks`` beside the rank's
 heartbeat. It is C code that runs even while the main thread is blocked inside a collective or I/O.
 SIGUSR2 because torchrun neither handles nor forwards it (``launch.sbatch.SIGNALS_TO_HANDLE``) and
-SIGUSR1 is the preemption signal (``train.health.preemption``). The heartbeat registers it before its
+SIGUSR1 is the preemption signal (``health.preemption``). The heartbeat registers it before its
 first beat names this pid, so a launcher never signals a rank that would die of it. A rank stopped by
 SIGSTOP cannot run it. Torch-free: ``launch.watchdog`` sends the signal and reads the files.
 """

@@ -1,8 +1,8 @@
 """How long a launch may be silent: the one rule by which ``launch.watchdog`` ends a stall and
-``train.health.holder`` tells a live holder on another host from a stale one.
+``health.holder`` tells a live holder on another host from a stale one.
 
 The newest beat of any rank counts, against the allowance of the most lenient phase a rank is in
-(``train.health.phases.Phase.allowance``): in synchronous training one stuck rank soon stops the
+(``health.phases.Phase.allowance``): in synchronous training one stuck rank soon stops the
 others in their next collective, and a rank legitimately alone in a long phase (rank 0 drawing the
 report) holds the others at the next step. Until every rank has finished its first step of the
 launch, the first-step allowance (rendezvous, imports, build, checkpoint load, compile). Torch-free.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from train.health.phases import allowance as phase_allowance
+from health.phases import allowance as phase_allowance
 
 
 @dataclass
