@@ -1,4 +1,4 @@
-"""Build the bundled chat source for tiny SFT recipes: assets/chat/{conversations.jsonl,train,heldout}.
+"""Build the bundled chat source for tiny SFT recipes: assets/chat/{conversations.jsonl,train,held_out}.
 
     python -m data.make_sample_chat [--out assets/chat]
 
@@ -10,7 +10,7 @@ a system prompt, some a second turn. A few deliberately bad conversations
 (an unknown role, an empty answer, no answer) are kept in the training file,
 so its manifest shows them counted and refused. ``conversations.jsonl`` is
 the raw source (``--chat-key messages``); every 10th conversation goes to
-``heldout`` (validation loss) instead of ``train``. Tokenized with the tiny
+``held_out`` (validation loss) instead of ``train``. Tokenized with the tiny
 tokenizer through data.tokenize, like assets/sample_data; byte-identical
 when regenerated with the same Python version, in a fresh process: importing
 torch (torch.package) replaces ``inspect.getfile``, which would drop its
@@ -77,7 +77,7 @@ def conversations() -> list[list[dict]]:
 
 def build(out: Path) -> dict:
     convs = conversations()
-    splits = {"train": [c for i, c in enumerate(convs) if i % 10], "heldout": convs[::10]}
+    splits = {"train": [c for i, c in enumerate(convs) if i % 10], "held_out": convs[::10]}
     splits["train"] += BAD
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "conversations.jsonl", "w") as f:

@@ -1,12 +1,12 @@
-"""Build the bundled sample dataset for tiny CPU recipes: assets/sample_data/{prose,code} (and their heldout/).
+"""Build the bundled sample dataset for tiny CPU recipes: assets/sample_data/{prose,code} (and their held_out/).
 
     python -m data.make_sample_data [--out assets/sample_data] [--code-bytes 1500000]
 
 Two sources from data.sample_corpus (prose: license texts and Python doc
 topics; code: CPython stdlib modules), tokenized with the tiny tokenizer
 through the same datatrove pipeline as real data (data.tokenize, 2 tasks each), each
-holding out ``HOLDOUT`` of its documents into ``heldout/`` (data.holdout), as the tiny
-recipes' ``[data] holdout`` says. About 1.5 MB in all. The datatrove logs are removed afterwards: they hold
+holding out ``HELD_OUT`` of its documents into ``held_out/`` (data.held_out), as the tiny
+recipes' ``[data] held_out`` says. About 1.5 MB in all. The datatrove logs are removed afterwards: they hold
 machine-specific paths and timestamps and are not needed to read the shards.
 """
 
@@ -27,7 +27,7 @@ SOURCES = {
     "prose": ("license texts (/usr/share/common-licenses) and pydoc_data topics", lambda a: prose_documents()),
     "code": ("CPython standard library modules, sorted by path", lambda a: code_documents(a.code_bytes, max_file_bytes=40_000)),
 }
-HOLDOUT = 0.1  # of each source's documents: ~9 of prose's 93, ~15 of code's 140 (recipes/tiny*.toml's [data] holdout)
+HELD_OUT = 0.1  # of each source's documents: ~9 of prose's 93, ~15 of code's 140 (recipes/tiny*.toml's [data] held_out)
 
 
 def build(out: Path, code_bytes: int = 1_500_000, tasks: int = 2) -> dict:
@@ -46,7 +46,7 @@ def build(out: Path, code_bytes: int = 1_500_000, tasks: int = 2) -> dict:
             shutil.rmtree(dest, ignore_errors=True)
             desc = {"kind": "sample_corpus", "source": name, "contents": what, "documents": len(docs),
                     "regenerate": "python -m data.make_sample_data"}
-            manifests[name] = tokenize_into_assets(raw, dest, desc, tasks=tasks, holdout=HOLDOUT)
+            manifests[name] = tokenize_into_assets(raw, dest, desc, tasks=tasks, held_out=HELD_OUT)
     return manifests
 
 
@@ -67,7 +67,7 @@ def main() -> None:
     a = p.parse_args()
     for name, m in build(a.out, a.code_bytes).items():
         print(f"{a.out / name}: {m['num_documents']} documents, {m['num_tokens']:,} tokens; held out: "
-              f"{m['holdout']['documents']} documents, {m['holdout']['tokens']:,} tokens")
+              f"{m['held_out']['documents']} documents, {m['held_out']['tokens']:,} tokens")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Build the bundled preference pairs for tiny DPO recipes: assets/preference/{pairs.jsonl,train,heldout}.
+"""Build the bundled preference pairs for tiny DPO recipes: assets/preference/{pairs.jsonl,train,held_out}.
 
     python -m data.make_sample_pairs [--out assets/preference]
 
@@ -11,7 +11,7 @@ same answer on both sides, an empty answer, a prompt over SEQ_LEN tokens) are
 kept in the training file, so its manifest shows them counted and refused.
 ``pairs.jsonl`` is the raw source, one ``{"prompt", "chosen", "rejected"}``
 line each (TRL's explicit form, ``data.tokenize --pairs``); every 10th pair
-goes to ``heldout`` (the in-loop preference accuracy) instead of ``train``.
+goes to ``held_out`` (the in-loop preference accuracy) instead of ``train``.
 Tokenized with the tiny tokenizer and the llama2 template through
 data.tokenize, like assets/chat; byte-identical when regenerated (nothing
 here depends on the machine).
@@ -70,7 +70,7 @@ BAD = [
 
 def build(out: Path) -> dict:
     good = pairs()
-    splits = {"train": [p for i, p in enumerate(good) if i % 10] + BAD, "heldout": good[::10]}
+    splits = {"train": [p for i, p in enumerate(good) if i % 10] + BAD, "held_out": good[::10]}
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "pairs.jsonl", "w") as f:
         for p in good + BAD:

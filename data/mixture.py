@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from data.index import CKPT as _CKPT
-from data.holdout import holdout_problem
+from data.held_out import held_out_problem
 from data.index import SourceIndex
 from data.shards import TokenizedSource, open_source
 
@@ -95,10 +95,15 @@ class SourceSpec:
     pairs: bool = False  # preference pairs (data.pairs): prompt/chosen/rejected rows, two documents each
     expected_pairs: int | None = None  # a pair source's size by its card (rows): a preference run's size check
     exclude: dict[str, list[str]] = field(default_factory=dict)
-    # Documents held out of training into <path>/heldout (data.holdout), validated on in the loop: a fraction,
-    # a document count, 0 for none; None: the recipe's [data] holdout.
-    holdout: int | float | None = None
+    # Documents held out of training into <path>/held_out (data.held_out), validated on in the loop: a fraction,
+    # a document count, 0 for none; None: the recipe's [data] held_out.
+    held_out: int | float | None = None
     decontaminate: list[str] = field(default_factory=list)  # benchmarks whose n-grams drop documents at tokenization
+    # Long documents (data.tokenize): keep only documents of at least this many tokens; and one document per
+    # value of the concat_by column (a code repository), its rows sorted by concat_order (a file path).
+    min_doc_tokens: int | None = None
+    concat_by: str | None = None
+    concat_order: str | None = None
 
     def __post_init__(self):
         where = f"source {self.name!r} ({self.path})"
@@ -120,11 +125,18 @@ class SourceSpec:
             raise MixtureError(f"{where}: give pairs or chat_key, not both (pairs read prompt/chosen/rejected)")
         if (self.subset or self.revision) and not self.hub_id:
             raise MixtureError(f"{where}: subset and revision need a hub_id")
-        if self.holdout is not None and (why := holdout_problem(self.holdout)):
-            raise MixtureError(f"{where}: holdout: {why}")
-        if self.pairs and self.holdout:  # the split hashes single documents: it would part chosen from rejected
-            raise MixtureError(f"{where}: holdout: not for pairs; hold pairs out in a file of their own "
-                               "(as assets/preference/heldout)")
+        if self.held_out is not None and (why := held_out_problem(self.held_out)):
+            raise MixtureError(f"{where}: held_out: {why}")
+        if self.pairs and self.held_out:  # the split hashes single documents: it would part chosen from rejected
+            raise MixtureError(f"{where}: held_out: not for pairs; hold pairs out in a file of their own "
+                               "(as assets/preference/held_out)")
+        if self.min_doc_tokens is not None and self.min_doc_tokens < 1:
+            raise MixtureError(f"{where}: min_doc_tokens must be >= 1, got {self.min_doc_tokens}")
+        if (self.concat_by is None) != (self.concat_order is None):
+            raise MixtureError(f"{where}: give concat_by and concat_order together (a repository's files need an "
+                               "order)")
+        if (self.min_doc_tokens or self.concat_by) and (self.pairs or self.chat_key):
+            raise MixtureError(f"{where}: min_doc_tokens and concat_by are for text sources, not chat_key or pairs")
         if self.decontaminate:
             from data.decontaminate import DecontaminationError, parse_benchmarks
 

@@ -250,7 +250,7 @@ def write_manifest(directory: str | Path, tokenizer: dict, input_description: di
         "shards": entries,
         "input": input_description,
         **(extra or {}),
-        "long_documents": long_documents(shards),  # after extra: a rewrite (data.holdout) carries the old one
+        "long_documents": long_documents(shards),  # after extra: a rewrite (data.held_out) carries the old one
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

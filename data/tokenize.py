@@ -2,7 +2,7 @@
 
     python -m data.tokenize --input <hub id | dir | glob of jsonl/parquet> --text-key text \
         --tokenizer assets/tokenizer/tokenizer.model --out <dir> [--tasks N --workers N]
-        [--subset C --split S --revision SHA --exclude COLUMN=VALUE ... --holdout FRACTION|COUNT]
+        [--subset C --split S --revision SHA --exclude COLUMN=VALUE ... --held-out FRACTION|COUNT]
         [--min-doc-tokens N] [--concat-by REPO_COLUMN --concat-order PATH_COLUMN]
         [--slurm --partition P --time 12:00:00 --cpus 2 --mem-per-cpu 2 --qos ""]
     python -m train.data tokenize --recipe phase1 --source web-high [...]   # a recipe's source
@@ -48,7 +48,7 @@ Reruns are cheap and safe: the datatrove logging dir is <out>/logs, so finished
 tasks are skipped; never change --tasks between reruns. With --slurm the
 manifest is written by a 1-task job that depends on the tokenization array;
 locally it is written at the end. ``--manifest-only`` rebuilds it from shards.
-``--holdout`` then moves a hashed choice of documents into ``<out>/heldout`` (data.holdout).
+``--held-out`` then moves a hashed choice of documents into ``<out>/held_out`` (data.held_out).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from datatrove.utils.batching import batched
 
 from data import decontaminate as decont
 from data.hf_tokenizer import PROBE_TEXTS, build_fast_tokenizer, document_post_processor
-from data.holdout import HoldoutError, describe, parse_holdout, split
+from data.held_out import HeldOutError, add_held_out_flag, describe, split
 from data.pairs import MANIFEST_KEY as PAIRS
 from data.shards import LOGS_DIR, load_manifest, write_manifest
 from data.tokenizer import Tokenizer
@@ -272,13 +272,13 @@ class WriteManifest(PipelineStep):
     name = "manifest"
     type = "📝 - WRITER"
 
-    def __init__(self, out: str, tokenizer: dict, description: dict, tasks: int, holdout: float | int | None = None):
+    def __init__(self, out: str, tokenizer: dict, description: dict, tasks: int, held_out: float | int | None = None):
         super().__init__()
         self.out, self.tokenizer, self.description, self.tasks = out, tokenizer, description, tasks
-        self.holdout = holdout
+        self.held_out = held_out
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
-        finish(Path(self.out), self.tokenizer, self.description, self.tasks, self.holdout)
+        finish(Path(self.out), self.tokenizer, self.description, self.tasks, self.held_out)
         return iter(())
 
 
@@ -332,9 +332,9 @@ def empty_tokenization(out: Path, description: dict) -> EmptyTokenization:
                              f"text{excluded}; {has}. Nothing was written to {out}/manifest.json")
 
 
-def finish(out: Path, tokenizer: dict, description: dict, tasks: int, holdout: float | int | None = None) -> dict:
-    """Check every task finished, write manifest.json and, with ``holdout``, split off the held-out
-    documents (data.holdout: after writing, by a hash of each document's ids)."""
+def finish(out: Path, tokenizer: dict, description: dict, tasks: int, held_out: float | int | None = None) -> dict:
+    """Check every task finished, write manifest.json and, with ``held_out``, split off the held-out
+    documents (data.held_out: after writing, by a hash of each document's ids)."""
     done = {p.name for p in (out / LOGS_DIR / "completions").glob("*")}
     missing = [r for r in range(tasks) if f"{r:05d}" not in done]
     if missing:
@@ -367,8 +367,8 @@ def finish(out: Path, tokenizer: dict, description: dict, tasks: int, holdout: f
     if decontamination := decont.summary(out):
         extra["decontamination"] = decontamination
     manifest = write_manifest(out, tokenizer, description, extra)
-    if holdout:
-        split(out, holdout)
+    if held_out:
+        split(out, held_out)
         manifest = load_manifest(out)
     return manifest
 
@@ -379,11 +379,11 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
         description: dict | None = None, chat_key: str | None = None,
         chat_template: str | None = None, hub: bool = False, revision: str | None = None,
         exclude: dict[str, list[str]] | None = None, pairs: bool = False, seq_len: int | None = None,
-        holdout: float | int | None = None, decontaminate: list[str] | None = None,
+        held_out: float | int | None = None, decontaminate: list[str] | None = None,
         evalplus_data: str | None = None, core_bundle: str | None = None, min_doc_tokens: int | None = None,
         concat_by: str | None = None, concat_order: str | None = None) -> dict | None:
     """Tokenize input_spec into out; returns the manifest (None when submitted to SLURM).
-    ``holdout``: a fraction or a document count held out into ``out/heldout`` (data.holdout).
+    ``held_out``: a fraction or a document count held out into ``out/held_out`` (data.held_out).
     ``hub``: input_spec is a ``datasets.load_dataset`` name (a Hub id, or a local dataset dir);
     ``description``: what the manifest records as the input (default: what was read);
     ``pairs``: preference pairs (data.pairs), refusing a pair with a side over ``seq_len`` tokens;
@@ -410,7 +410,7 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
     if concat_by:
         desc = {**desc, "concat_by": concat_by, "concat_order": concat_order}
     if manifest_only:
-        return finish(out, tokenizer_info(Tokenizer(tokenizer)), desc, tasks, holdout)
+        return finish(out, tokenizer_info(Tokenizer(tokenizer)), desc, tasks, held_out)
     out.mkdir(parents=True, exist_ok=True)
     sp, tok_json = prepare_tokenizer(Path(tokenizer) if tokenizer else None, out)
     tok_info = tokenizer_info(sp)
@@ -446,7 +446,7 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
 
         for steps, logs in stages:
             LocalPipelineExecutor(steps, tasks=tasks, workers=workers, logging_dir=str(logs)).run()
-        return finish(out, tok_info, desc, tasks, holdout)
+        return finish(out, tok_info, desc, tasks, held_out)
     from datatrove.executor import SlurmPipelineExecutor
 
     # sbatch exports the environment: make the venv's tools and this repo importable on the nodes.
@@ -457,7 +457,7 @@ def run(input_spec: str, out: str | Path, tokenizer: str | Path | None = None, t
     for steps, logs in stages:
         tok_exec = SlurmPipelineExecutor(steps, tasks=tasks, workers=workers, logging_dir=str(logs), depends=tok_exec,
                                          cpus_per_task=slurm.get("cpus", 1), job_name=f"tok_{out.name}", **common)
-    SlurmPipelineExecutor([WriteManifest(str(out), tok_info, desc, tasks, holdout)], tasks=1, depends=tok_exec,
+    SlurmPipelineExecutor([WriteManifest(str(out), tok_info, desc, tasks, held_out)], tasks=1, depends=tok_exec,
                           logging_dir=str(out / "logs_manifest"), job_name=f"manifest_{out.name}", **common).run()
     return None
 
@@ -527,8 +527,8 @@ def run_and_report(a: argparse.Namespace, p: argparse.ArgumentParser, **kwargs) 
             print(f"documents under {m['min']} tokens dropped: {m['dropped_documents']} ({m['dropped_tokens']} tokens)")
         print("tokens in documents of at least " + ", ".join(
             f"{int(n) // 1024}k: {c['tokens']}" for n, c in manifest["long_documents"].items()))
-        if "holdout" in manifest:
-            print(describe(Path(a.out), manifest["holdout"]))
+        if "held_out" in manifest:
+            print(describe(Path(a.out), manifest["held_out"]))
         if "decontamination" in manifest:
             print(f"dropped as benchmark overlap ({manifest['decontamination']['n_grams']}-grams): "
                   f"{manifest['decontamination']['dropped']}")
@@ -552,8 +552,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--revision", default=None, help="hub datasets: a commit to read (recorded in the manifest)")
     p.add_argument("--exclude", action="append", default=[], metavar="COLUMN=VALUE",
                    help="drop rows whose COLUMN holds VALUE (repeatable)")
-    p.add_argument("--holdout", type=parse_holdout, help="hold out a fraction (0.001) or a number (2000) of the "
-                   "documents into OUT/heldout, chosen by a hash of each document (data.holdout)")
+    add_held_out_flag(p, "hold out a fraction (0.001) or a number (2000) of the documents into OUT/held_out, chosen "
+                      "by a hash of each document (data.held_out)")
     p.add_argument("--decontaminate", metavar="humaneval,mbpp[,core]",
                    help="drop documents sharing an n-gram with these benchmarks (data.decontaminate)")
     p.add_argument("--min-doc-tokens", type=int, help="keep only documents of at least this many tokens "
@@ -575,10 +575,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run_and_report(a, p, input_spec=a.input, tokenizer=a.tokenizer, text_key=a.text_key, split=a.split,
                        subset=a.subset, revision=a.revision, chat_key=a.chat_key, chat_template=a.chat_template,
-                       exclude=parse_exclude(a.exclude, p), pairs=a.pairs, seq_len=a.seq_len, holdout=a.holdout,
+                       exclude=parse_exclude(a.exclude, p), pairs=a.pairs, seq_len=a.seq_len, held_out=a.held_out,
                        decontaminate=decont.parse_benchmarks(a.decontaminate) if a.decontaminate else None,
                        min_doc_tokens=a.min_doc_tokens, concat_by=a.concat_by, concat_order=a.concat_order)
-    except (EmptyTokenization, FileNotFoundError, HoldoutError, decont.DecontaminationError) as e:
+    except (EmptyTokenization, FileNotFoundError, HeldOutError, decont.DecontaminationError) as e:
         p.exit(2, f"error: {e}\n")
 
 

@@ -41,8 +41,8 @@ def data_report(recipe: R.Recipe) -> str:
 
 def held_out_report(recipe: R.Recipe) -> list[str]:
     """The held-out sets the run validates on, each with its size: its manifest's where it is split,
-    else what the holdout setting makes of the source's expected size."""
-    from data.holdout import held_out_dir, recorded_holdout
+    else what the held_out setting makes of the source's expected size."""
+    from data.held_out import held_out_dir, recorded_held_out
     from data.shards import load_manifest
     from train.metric_names import VAL_BPB, VAL_LOSS, per_set
 
@@ -53,20 +53,20 @@ def held_out_report(recipe: R.Recipe) -> list[str]:
              + f", on the first {e.val_samples} sequences of {t.seq_len} tokens of each, on any number of GPUs): "
              f"{per_set(VAL_LOSS, '<name>')}, {per_set(VAL_BPB, '<name>')}"]
     for s in recipe.data.sources:
-        if not s.holdout:
-            lines.append(f"  {s.name}: none (holdout {s.holdout!r})")
+        if not s.held_out:
+            lines.append(f"  {s.name}: none (held_out {s.held_out!r})")
             continue
-        entry = recorded_holdout(s.path) if os.path.isdir(s.path) else None
+        entry = recorded_held_out(s.path) if os.path.isdir(s.path) else None
         if entry is not None:
             size = f"{entry['documents']:,} documents, {entry['tokens']:,} tokens"
-        elif isinstance(s.holdout, int):
-            size = f"expected {s.holdout:,} documents"
+        elif isinstance(s.held_out, int):
+            size = f"expected {s.held_out:,} documents"
         elif s.expected_tokens:
-            size = f"expected ~{round(s.holdout * s.expected_tokens):,} tokens (of expected_tokens {s.expected_tokens:,})"
+            size = f"expected ~{round(s.held_out * s.expected_tokens):,} tokens (of expected_tokens {s.expected_tokens:,})"
         else:
             size = "size unknown (no expected_tokens)"
         split = "" if entry is not None else ", not split yet"
-        lines.append(f"  {s.name}: {size}; holdout {s.holdout!r}{split}: {held_out_dir(s.path)}")
+        lines.append(f"  {s.name}: {size}; held_out {s.held_out!r}{split}: {held_out_dir(s.path)}")
     for name, path in recipe.validation_sets.items():
         if path in e.val_sources:
             try:

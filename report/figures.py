@@ -213,11 +213,11 @@ def evals(runs: list[Run], out: Path) -> list[Figure]:
     lines on the token axis), CORE (the average, then a panel per task), lm-eval tasks, HumanEval+/MBPP+."""
     val = _eval_panels(runs, out, "validation", "validation loss and bits per byte, every held-out set",
                        [(VAL_LOSS, "loss (nats/token)"), (VAL_BPB, "bits per byte")], 2,
-                       "no validation in evals/step-N.json ([data] holdout, [eval] val_sources)")
+                       "no validation in evals/step-N.json ([data] held_out, [eval] val_sources)")
     sets = sorted({k.removeprefix(per_set(VAL_LOSS, "")) for run in runs for k in run.eval_keys(per_set(VAL_LOSS, ""))})
     per_source = _eval_panels(runs, out, "validation_sets", "validation loss (nats/token) per held-out set",
                               [(per_set(VAL_LOSS, name), name) for name in sets], 4,
-                              "no per-set validation in evals/step-N.json ([data] holdout)")
+                              "no per-set validation in evals/step-N.json ([data] held_out)")
     core_keys = sorted({k for run in runs for k in run.eval_keys("core/")})
     average = [(k, k.removeprefix("core/")) for k in core_keys if "CORE_" in k]
     tasks = [(k, k.split("/")[1]) for k in core_keys if k.endswith("/acc")]

@@ -59,7 +59,7 @@ EXPORT_DIR = "hf"  # the end-of-run Hugging Face export, unless [checkpoint] exp
 TENSORBOARD_DIR = "tensorboard"
 COMPILE_CACHE_DIR = "compile_cache"  # [run] compile_cache's default
 REFERENCE_LOGPS_DIR = "reference_logps"  # a preference run's reference log-probs (train.preference.reference)
-# under reference_logps/: one role's (train, heldout) log-probs (str.format(role=R, key=K)), and what the
+# under reference_logps/: one role's (train, held_out) log-probs (str.format(role=R, key=K)), and what the
 # keys hold, recorded at step 0 (the init checkpoint's step and digest: a resumed run keys by these)
 REFERENCE_LOGPS_FILE = "{role}-{key}.npy"
 REFERENCE_INPUTS_FILE = "inputs.json"

@@ -212,7 +212,7 @@ def assert_overfits(tmp_path, nproc, compile, ac):
     result = train("tiny.toml", *short(tmp_path, 25, f"parallel.compile={str(compile).lower()}",
                                        f'parallel.activation_checkpoint="{ac}"',
                                        f'data.sources=[{{name = "one", path = "{source}", weight = 1.0, max_epochs = 1000, '
-                                       f'holdout = 0}}]',  # one batch, nothing to hold out
+                                       f'held_out = 0}}]',  # one batch, nothing to hold out
                                        "schedule.warmup_steps=2", "training.skip_spikes=false"), nproc=nproc)
     assert result.returncode == 0, result.stderr[-3000:]
     values = losses(tmp_path / "run")

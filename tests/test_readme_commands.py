@@ -189,7 +189,7 @@ def sampled_and_wrote_evalplus_files(work: dict, out: str) -> None:
 
 
 def made_the_bundled_pairs(work: dict, out: str) -> None:
-    """The pairs file and the train/heldout shards and masks, byte for byte the bundled ones."""
+    """The pairs file and the train/held_out shards and masks, byte for byte the bundled ones."""
     made, bundled = Path(work["tmp"]) / "preference", REPO / "assets" / "preference"
     files = [f.relative_to(bundled) for f in bundled.rglob("*") if f.is_file() and ".ds" in f.name]
     assert len(files) == 8 and (made / "pairs.jsonl").read_bytes() == (bundled / "pairs.jsonl").read_bytes()
@@ -330,10 +330,10 @@ COMMANDS: dict[str, Here | Same | Skip] = {
              "--tokenizer assets/tokenizer/tokenizer.model --out {tmp}/chat", "conversations refused",
              check=tokenized_the_conversations),
     "python -m train.data verify --recipe phase1": Here("python -m train.data verify --recipe tiny", "ok "),
-    "python -m train.data holdout --recipe phase1 [--source web-high]":  # split already: unchanged
-        Here("python -m train.data holdout --recipe tiny", "held out (holdout 0.1)", check=assets_unchanged),
-    "python -m data.holdout DIR --holdout 0.0001":
-        Here("python -m data.holdout assets/sample_data/code --holdout 0.1", "held out (holdout 0.1)",
+    "python -m train.data held-out --recipe phase1 [--source web-high]":  # split already: unchanged
+        Here("python -m train.data held-out --recipe tiny", "held out (held_out 0.1)", check=assets_unchanged),
+    "python -m data.held_out DIR --held-out 0.0001":
+        Here("python -m data.held_out assets/sample_data/code --held-out 0.1", "held out (held_out 0.1)",
              check=assets_unchanged),
     "python -m data.verify DIR...": Here("python -m data.verify assets/sample_data/prose assets/sample_data/code", "ok "),
     "python -m data.decontaminate report DIR... --benchmarks humaneval,mbpp[,core] --evalplus-data DIR "

@@ -3,7 +3,7 @@
     python -m train.data download --recipe phase1 --source web-high [--slurm --partition P]
     python -m train.data tokenize --recipe phase1 --source web-high [--tasks N --slurm --partition P ...]
     python -m train.data verify --recipe phase1
-    python -m train.data holdout --recipe phase1 [--source web-high]   # split off held-out documents, no re-tokenization
+    python -m train.data held-out --recipe phase1 [--source web-high]   # split off held-out documents, no re-tokenization
 
 The recipe says everything (``[[data.sources]]``: hub_id, subset, split,
 revision, text_key, chat_key or pairs, exclude; ``[data] root`` and tokenizer), so the
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from data import download as D
-from data import holdout as H
+from data import held_out as H
 from data import tokenize as T
 from data.mixture import SourceSpec
 from data.verify import verify
@@ -68,9 +68,10 @@ def tokenize_kwargs(recipe: R.Recipe, src: SourceSpec) -> dict:
     (or its bundled ``input``); the manifest records hub id, subset, split and revision either way."""
     common = dict(tokenizer=recipe.data.tokenizer, text_key=src.text_key, split=src.split, subset=src.subset,
                   chat_key=src.chat_key, chat_template=recipe.data.chat_template if src.chat_key or src.pairs else None,
-                  exclude=src.exclude or None, pairs=src.pairs, holdout=src.holdout or None,
+                  exclude=src.exclude or None, pairs=src.pairs, held_out=src.held_out or None,
                   seq_len=recipe.training.seq_len if src.pairs else None,  # a pair over seq_len is refused
-                  decontaminate=src.decontaminate or None,
+                  decontaminate=src.decontaminate or None, min_doc_tokens=src.min_doc_tokens,
+                  concat_by=src.concat_by, concat_order=src.concat_order,
                   evalplus_data=recipe.eval.evalplus_data, core_bundle=recipe.eval.core_bundle)
     if src.input:
         return dict(input_spec=src.input, **common)
@@ -88,13 +89,13 @@ def tokenize_kwargs(recipe: R.Recipe, src: SourceSpec) -> dict:
     return dict(input_spec=str(folder), hub=True, description=description, **common)
 
 
-def split_holdouts(recipe: R.Recipe, sources: list[SourceSpec]) -> int:
-    """data.holdout's split of each source at its ``holdout`` (a source already split alike is left as it is)."""
+def split_held_out(recipe: R.Recipe, sources: list[SourceSpec]) -> int:
+    """data.held_out's split of each source at its ``held_out`` (a source already split alike is left as it is)."""
     for src in sources:
-        if not src.holdout:
-            raise R.RecipeError(f"{recipe.path}: [[data.sources]] {src.name}: holdout: not set ([data] holdout or "
+        if not src.held_out:
+            raise R.RecipeError(f"{recipe.path}: [[data.sources]] {src.name}: held_out: not set ([data] held_out or "
                                 "the source's own), so there is nothing to hold out")
-        print(H.describe(Path(src.path), H.split(src.path, src.holdout)))
+        print(H.describe(Path(src.path), H.split(src.path, src.held_out)))
     return 0
 
 
@@ -120,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("download", help="fetch a source's files at its revision into the data root")
     t = sub.add_parser("tokenize", help="tokenize a source into its path (from its local copy if downloaded)")
     v = sub.add_parser("verify", help="check every source's shards against their manifest checksums")
-    h = sub.add_parser("holdout", help="split each source's held-out documents off its shards, at the recipe's "
-                       "holdout (data.holdout; no re-tokenization)")
-    h.add_argument("--source", help="a [[data.sources]] name (default: every source with a holdout)")
+    h = sub.add_parser("held-out", aliases=[H.OLD_KEY], help="split each source's held-out documents off its shards, at the recipe's "
+                       "held_out (data.held_out; no re-tokenization)")
+    h.add_argument("--source", help="a [[data.sources]] name (default: every source with a held_out setting)")
     for q in (d, t, v, h):
         q.add_argument("--recipe", required=True)
         q.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE")
@@ -139,9 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "verify":
             return verify([Path(s.path) for s in recipe.data.sources]
                           + [Path(x) for x in recipe.validation_sets.values()])
-        if a.command == "holdout":
-            return split_holdouts(recipe, [source(recipe, a.source)] if a.source else
-                                  [s for s in recipe.data.sources if s.holdout])
+        if a.command == H.OLD_KEY:
+            print(f"{H.OLD_KEY}: renamed held-out in laneformer 0.2; run as held-out (the old name is read until the "
+                  "next release)", file=sys.stderr)
+        if a.command in ("held-out", H.OLD_KEY):
+            return split_held_out(recipe, [source(recipe, a.source)] if a.source else
+                                  [s for s in recipe.data.sources if s.held_out])
         src = source(recipe, a.source)
         if problems := R.check_needs(recipe):  # a plan the data cannot meet: found before any download
             raise R.RecipeError("\n".join(problems))

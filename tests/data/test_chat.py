@@ -325,7 +325,7 @@ def test_bundled_chat_source_regenerates_byte_identical(tmp_path):
                    capture_output=True)
     files = sorted(p.relative_to(bundled) for p in bundled.rglob("*") if p.is_file() and ".index" not in p.parts)
     assert files == sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
-    for name in ("train", "heldout"):
+    for name in ("train", "held_out"):
         verify_checksums(tmp_path / name)  # the regenerated files match the checksums their manifest lists
     stale = [str(f) for f in files if (tmp_path / f).read_bytes() != (bundled / f).read_bytes()]
     assert not stale, f"assets/chat differs from a fresh `python -m data.make_sample_chat`: {stale}"

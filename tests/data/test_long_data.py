@@ -93,7 +93,7 @@ def test_the_manifest_counts_the_tokens_of_long_documents(tmp_path):
     lengths = [100, 4095, 4096, 5000, 9000, 16384, 20000, 40000]
     write_shard(tmp_path / "00000_unshuffled.ds", [[1] + [7] * (n - 2) + [2] for n in lengths[:5]])
     write_shard(tmp_path / "00001_unshuffled.ds", [[1] + [7] * (n - 2) + [2] for n in lengths[5:]])
-    stale = {str(n): {"documents": 0, "tokens": 0} for n in LONG_DOCUMENTS}  # as data.holdout carries them over
+    stale = {str(n): {"documents": 0, "tokens": 0} for n in LONG_DOCUMENTS}  # as data.held_out carries them over
     manifest = write_manifest(tmp_path, TOK, {"kind": "test"}, {"long_documents": stale})
     assert manifest["long_documents"] == {
         str(n): {"documents": sum(x >= n for x in lengths), "tokens": sum(x for x in lengths if x >= n)}

@@ -134,7 +134,7 @@ def test_pairs_of_refuses_a_source_that_is_not_pairs():
     from data.shards import ShardError
 
     with pytest.raises(ShardError, match="not a pair source"):
-        next(pairs_of("assets/chat/heldout"))
+        next(pairs_of("assets/chat/held_out"))
 
 
 def test_a_recipe_pair_source_is_tokenized_with_its_seq_len_and_template_and_checked_at_preflight(tmp_path):
@@ -218,7 +218,7 @@ def test_bundled_pairs_regenerate_byte_identical_and_follow_their_rule(tmp_path)
     build(tmp_path)
     files = sorted(p.relative_to(bundled) for p in bundled.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
-    for name in ("train", "heldout"):
+    for name in ("train", "held_out"):
         verify_checksums(tmp_path / name)
     stale = [str(f) for f in files if (tmp_path / f).read_bytes() != (bundled / f).read_bytes()]
     assert not stale, f"assets/preference differs from a fresh `python -m data.make_sample_pairs`: {stale}"
@@ -234,10 +234,10 @@ def test_bundled_pairs_regenerate_byte_identical_and_follow_their_rule(tmp_path)
         else:
             assert re.search(rf"\b{answer}\b", question)
         assert r["rejected"][0]["content"] in REFUSALS
-    train, heldout = (json.loads((bundled / n / "manifest.json").read_text())["pairs"] for n in ("train", "heldout"))
-    assert (train["pairs"], heldout["pairs"]) == (len(good) - len(good[::10]), len(good[::10]))
-    assert 1000 <= train["pairs"] <= 2000 and 100 <= heldout["pairs"] <= 200 and train["seq_len"] == SEQ_LEN
-    assert train["rejected"] == {IDENTICAL: 1, EMPTY_ANSWER: 1, TOO_LONG: 1} and heldout["rejected"] == {}
+    train, held_out = (json.loads((bundled / n / "manifest.json").read_text())["pairs"] for n in ("train", "held_out"))
+    assert (train["pairs"], held_out["pairs"]) == (len(good) - len(good[::10]), len(good[::10]))
+    assert 1000 <= train["pairs"] <= 2000 and 100 <= held_out["pairs"] <= 200 and train["seq_len"] == SEQ_LEN
+    assert train["rejected"] == {IDENTICAL: 1, EMPTY_ANSWER: 1, TOO_LONG: 1} and held_out["rejected"] == {}
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -54,7 +54,7 @@ def inputs(tmp_path_factory):
     export_hf(model.state_dict(), model.config, root / "base", tokenizer_dir=TINY_TOKENIZER.parent)
     return {"model": model, "base": root / "base", "train": write_pair_source(root / "train", 16, seed=0),
             "more": write_pair_source(root / "more", 8, seed=2, shards=1),
-            "heldout": write_pair_source(root / "heldout", 6, seed=1, shards=1)}
+            "held_out": write_pair_source(root / "held_out", 6, seed=1, shards=1)}
 
 
 def sets(inputs, run, *extra, sources=("train",)):
@@ -62,7 +62,7 @@ def sets(inputs, run, *extra, sources=("train",)):
     # pairs are learned within the 6 steps at twice tiny-dpo's lr
     pairs = ", ".join(f'{{name = "{s}", path = "{inputs[s]}", pairs = true, weight = 1.0, max_epochs = 100}}'
                       for s in sources)
-    return (f"run.output_dir={run}", f"data.sources=[{pairs}]", f'preference.heldout=["{inputs["heldout"]}"]',
+    return (f"run.output_dir={run}", f"data.sources=[{pairs}]", f'preference.held_out=["{inputs["held_out"]}"]',
             f"checkpoint.init_from={inputs['base']}", f"training.steps={STEPS}", "training.seq_len=64",
             "training.global_batch=8", "training.micro_batch=2", "optimizer.lr=1e-3", "schedule.warmup_steps=1",
             "schedule.decay_fraction=0.5", "logging.interval=1", "checkpoint.interval=3", "checkpoint.keep_last=10",
@@ -85,7 +85,7 @@ def pref(run) -> dict[int, dict]:
 
 
 def caches(run) -> dict[str, np.ndarray]:
-    return {role: np.load(p) for role in ("train", "heldout")
+    return {role: np.load(p) for role in ("train", "held_out")
             for p in (run / rundir.REFERENCE_LOGPS_DIR).glob(rundir.REFERENCE_LOGPS_FILE.format(role=role, key="*"))}
 
 
@@ -124,7 +124,7 @@ def test_one_rank_ln2_held_out_cache_kill_and_resume_beta(inputs, tmp_path):
 
     # The cache equals a fresh forward of the init checkpoint on every pair (train and held-out).
     cached = caches(run)
-    for role, path in (("train", inputs["train"]), ("heldout", inputs["heldout"])):
+    for role, path in (("train", inputs["train"]), ("held_out", inputs["held_out"])):
         fresh = reference.pair_logps(inputs["model"], PairSet([path], 64), 1, False, torch.device("cpu"))
         np.testing.assert_allclose(cached[role], fresh, rtol=1e-5)
 
@@ -172,7 +172,7 @@ def test_every_loss_type_evaluates_held_out_pairs_and_resumes_on_another_world_s
         baseline = LN2
     else:  # no reference: SimPO's baseline is the init's own held-out margin, less gamma
         simpo = PreferenceLoss(loss, beta, label_smoothing=0.0, gamma=0.3 * beta)
-        logps = torch.from_numpy(reference.pair_logps(inputs["model"], PairSet([inputs["heldout"]], 64), 1,
+        logps = torch.from_numpy(reference.pair_logps(inputs["model"], PairSet([inputs["held_out"]], 64), 1,
                                                       simpo.average, torch.device("cpu"))).double()
         baseline = float(simpo(logps[:, 0], logps[:, 1])[0].mean())
         assert ran[0][EVAL_LOSS] == pytest.approx(baseline, rel=1e-5)

@@ -15,13 +15,13 @@ from train.callbacks.callback import Callback, PreferenceTrainerView, TrainerVie
 class Pretraining(Callback[TrainerView]):
     def post_step(self, trainer: TrainerView) -> None:
         print(trainer.step, trainer.config.dump_folder)  # named by the view
-        print(trainer.heldout_pairs)  # a preference trainer's
+        print(trainer.held_out_pairs)  # a preference trainer's
         trainer.step = 0  # read-only
 
 
 class Preference(Callback[PreferenceTrainerView]):
     def post_step(self, trainer: PreferenceTrainerView) -> None:
-        print(trainer.heldout_pairs, trainer.preference_loss.beta)
+        print(trainer.held_out_pairs, trainer.preference_loss.beta)
 """
 
 
@@ -32,6 +32,6 @@ def test_a_callback_reading_outside_its_view_fails_the_type_check(tmp_path):
     result = subprocess.run([sys.executable, "-m", "mypy", "--config-file", "pyproject.toml", str(snippet)],
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     errors = [line.split(": error: ", 1)[1] for line in result.stdout.splitlines() if ": error: " in line]
-    assert errors == ['"TrainerView" has no attribute "heldout_pairs"  [attr-defined]',
+    assert errors == ['"TrainerView" has no attribute "held_out_pairs"  [attr-defined]',
                       'Property "step" defined in "TrainerView" is read-only  [misc]'], result.stdout + result.stderr
     assert result.returncode == 1

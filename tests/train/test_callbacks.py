@@ -196,9 +196,9 @@ def test_one_step_of_a_preference_run_runs_in_the_order_of_the_readme_table(tmp_
     model = tiny_random_model(seed=4)
     export_hf(model.state_dict(), model.config, tmp_path / "base", tokenizer_dir=TINY_TOKENIZER.parent)
     train = write_pair_source(tmp_path / "train", 8)
-    heldout = write_pair_source(tmp_path / "heldout", 4, seed=1, shards=1)
+    held_out = write_pair_source(tmp_path / "held_out", 4, seed=1, shards=1)
     sets = (f'data.sources=[{{name = "pairs", path = "{train}", pairs = true, weight = 1.0, max_epochs = 100}}]',
-            f'preference.heldout=["{heldout}"]', f"checkpoint.init_from={tmp_path / 'base'}",
+            f'preference.held_out=["{held_out}"]', f"checkpoint.init_from={tmp_path / 'base'}",
             "schedule.warmup_steps=1", "schedule.decay_fraction=0.5")
     table = [r for r in readme_table() if r[0] != "on_error"]
     assert traced_step(tmp_path, "tiny-dpo.toml", *sets) == expected_sequence(table)

@@ -52,7 +52,7 @@ def data_cli(*args, env: dict) -> subprocess.CompletedProcess:
 
 
 WEB = ('[[data.sources]]\nname = "web"\nhub_id = "org/web"\nsubset = "High-Quality"\n'
-       'path = "tokenized/web-high"\nweight = 1.0\nexclude = {{ source = ["hard_coded"] }}\nholdout = 0\n{extra}')
+       'path = "tokenized/web-high"\nweight = 1.0\nexclude = {{ source = ["hard_coded"] }}\nheld_out = 0\n{extra}')
 
 
 def test_download_then_tokenize_the_local_copy_with_the_hub_cut_off(tmp_path):
@@ -146,7 +146,7 @@ def test_the_data_root_moves_every_source_path_and_set_beats_the_environment(tmp
 def test_every_source_of_a_recipe_is_verified_with_progress_on_stderr():
     result = data_cli("train.data", "verify", "--recipe", "tiny", env={})
     assert result.returncode == 0, result.stderr
-    names = ("prose", "code", "prose/heldout", "code/heldout")  # the training sources and their held-out sets
+    names = ("prose", "code", "prose/held_out", "code/held_out")  # the training sources and their held-out sets
     for name in names:
         assert f"ok {REPO / 'assets' / 'sample_data' / name}:" in result.stdout
     total = sum(p.stat().st_size for name in names
@@ -177,7 +177,7 @@ def test_download_on_slurm_submits_the_same_command_as_a_job(tmp_path):
 def test_the_bundled_identity_conversations_tokenize_cleanly(tmp_path):
     """sft.toml's `identity` source: a file in the repo, rendered with the chat template, none refused."""
     block = ('[[data.sources]]\nname = "identity"\ninput = "assets/identity/conversations.jsonl"\nchat_key = "messages"\n'
-             f'path = "{tmp_path / "identity"}"\nweight = 1.0\nholdout = 0\n')
+             f'path = "{tmp_path / "identity"}"\nweight = 1.0\nheld_out = 0\n')
     got = data_cli("train.data", "tokenize", "--recipe", str(recipe_with(tmp_path, block)), "--source", "identity",
                    env={})
     assert got.returncode == 0, got.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""Held-out sets in a run (data.holdout): the preflight refuses a source whose held-out set is missing
+"""Held-out sets in a run (data.held_out): the preflight refuses a source whose held-out set is missing
 or split otherwise, naming the command that splits it; the dry run lists every set with its size; the
 in-loop validation scores each set's first val_samples samples (the same on any number of ranks and any
 micro batch) and weights their mean by tokens."""
@@ -6,6 +6,7 @@ micro batch) and weights their mean by tokens."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import shutil
 from types import SimpleNamespace
@@ -14,12 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from data import holdout as H
+from data import held_out as H
 from data.mixture import IGNORE_INDEX, Mixture, SourceSpec
 from data.tokenizer import Tokenizer
 from eval.spec import EvalSpec
 from tests.conftest import metrics, short, train
-from tests.data.test_holdout import random_docs, write_source
+from tests.data.test_held_out_split import random_docs, write_source
+from rundir import REPO
 from train import data as train_data
 from train import recipe as R
 from train.build import preflight
@@ -35,30 +37,75 @@ def with_source(tmp_path, path, *sets):
 
 def test_a_source_without_its_held_out_set_is_refused_with_the_command_that_splits_it(tmp_path):
     source = write_source(tmp_path / "a", [random_docs(100, seed=1)])
-    sets = with_source(tmp_path, source, "data.holdout=0.2")
+    sets = with_source(tmp_path, source, "data.held_out=0.2")
     recipe = R.load("tiny.toml", sets)
     (problem,) = preflight(recipe, world_size=1).problems
-    command = f"python -m train.data holdout --recipe {recipe.path} --source a"
-    assert problem == (f"{recipe.path}: [data.sources[0]] holdout: source 'a' has no held-out set ({source / 'heldout'}); "
+    command = f"python -m train.data held-out --recipe {recipe.path} --source a"
+    assert problem == (f"{recipe.path}: [data.sources[0]] held_out: source 'a' has no held-out set ({source / 'held_out'}); "
                        f"split it off without re-tokenizing: {command}")
     # the command it names, with the same --set values, splits it; then the recipe passes
-    args = ["holdout", "--recipe", "tiny.toml", *(f"--set={s}" for s in sets), "--source", "a"]
+    args = ["held-out", "--recipe", "tiny.toml", *(f"--set={s}" for s in sets), "--source", "a"]
     assert train_data.main(args) == 0
     assert preflight(R.load("tiny.toml", sets), world_size=1).problems == []
 
-    other = R.load("tiny.toml", with_source(tmp_path, source, "data.holdout=0.3"))
+    other = R.load("tiny.toml", with_source(tmp_path, source, "data.held_out=0.3"))
     (problem,) = preflight(other, world_size=1).problems
-    assert problem == (f"{other.path}: [data.sources[0]] holdout: source 'a' is 0.3, but "
-                       f"{source / 'heldout' / 'manifest.json'} records holdout 0.2: give that, or tokenize the source again")
+    assert problem == (f"{other.path}: [data.sources[0]] held_out: source 'a' is 0.3, but "
+                       f"{source / 'held_out' / 'manifest.json'} records held_out 0.2: give that, or tokenize the source again")
 
-    (source / "heldout" / "00000_unshuffled.ds").write_bytes(b"\0")  # a damaged held-out set, named
+    (source / "held_out" / "00000_unshuffled.ds").write_bytes(b"\0")  # a damaged held-out set, named
     (problem,) = preflight(R.load("tiny.toml", sets), world_size=1).problems
-    assert problem.startswith(f"{recipe.path}: [data.sources[0]] holdout: source 'a': ") and "00000_unshuffled.ds" in problem
+    assert problem.startswith(f"{recipe.path}: [data.sources[0]] held_out: source 'a': ") and "00000_unshuffled.ds" in problem
+
+
+def as_before_0_2(source):
+    """A source split before laneformer 0.2: ``heldout/``, the rule recorded under ``holdout``."""
+    (source / H.HELD_OUT_DIR).rename(source / H.OLD_DIR)
+    for manifest in (source / "manifest.json", source / H.OLD_DIR / "manifest.json"):
+        m = json.loads(manifest.read_text())
+        entry = m.pop("held_out")
+        m[H.OLD_KEY] = {(H.OLD_KEY if k == "held_out" else k): v for k, v in entry.items()}
+        manifest.write_text(json.dumps(m, indent=2))
+
+
+def test_names_from_before_0_2_are_read_with_a_message_and_nothing_is_rewritten(tmp_path, capsys):
+    source = write_source(tmp_path / "a", [random_docs(100, seed=1)])
+    H.split(source, 0.2)
+    as_before_0_2(source)
+    manifest = (source / "manifest.json").read_bytes()
+    recipe = tmp_path / "old.toml"  # the old keys, in a file (a --set takes the new names only)
+    recipe.write_text((REPO / "recipes" / "tiny.toml").read_text().replace("held_out = 0.1", "holdout = 0.2"))
+    sets = with_source(tmp_path, source)
+    r = R.load(str(recipe), sets)
+    assert r.data.held_out == 0.2 and r.data.sources[0].held_out == 0.2
+    assert r.validation_sets == {"a": str(source / H.OLD_DIR)}
+    assert preflight(r, world_size=1).problems == []
+    err = capsys.readouterr().err
+    assert (f"{recipe}: [data] holdout: renamed 'held_out' in laneformer 0.2; read as held_out = 0.2 (the old name "
+            "is read until the next release)") in err
+    assert f"{source / H.OLD_DIR}: split before laneformer 0.2, read as its held_out set" in err
+
+    # the old command and flag still split (here: find the split done), each saying so
+    assert train_data.main(["holdout", "--recipe", str(recipe), *(f"--set={s}" for s in sets)]) == 0
+    assert H.main([str(source), "--holdout", "0.2"]) == 0
+    err = capsys.readouterr().err
+    assert "holdout: renamed held-out in laneformer 0.2; run as held-out" in err
+    assert "--holdout: renamed --held-out in laneformer 0.2; read as --held-out 0.2" in err
+    assert (source / "manifest.json").read_bytes() == manifest and not (source / H.HELD_OUT_DIR).exists()
+
+    dpo = tmp_path / "old-dpo.toml"
+    dpo.write_text((REPO / "recipes" / "tiny-dpo.toml").read_text().replace("held_out = [", "heldout = ["))
+    assert R.load(str(dpo)).preference.held_out == R.load("tiny-dpo").preference.held_out != []
+    assert f"{dpo}: [preference] heldout: renamed 'held_out' in laneformer 0.2" in capsys.readouterr().err
+
+    recipe.write_text(recipe.read_text().replace("holdout = 0.2", "holdout = 0.2\nheld_out = 0.1"))
+    with pytest.raises(R.RecipeError, match=r"old.toml: \[data\] has both 'holdout' and 'held_out'"):
+        R.load(str(recipe), sets)
 
 
 def test_a_source_may_hold_out_otherwise_or_nothing():
     recipe = R.load("sft.toml", ["checkpoint.init_from=null"])
-    assert {s.name: s.holdout for s in recipe.data.sources} == {
+    assert {s.name: s.held_out for s in recipe.data.sources} == {
         "tulu3-mixture": 500, "self-oss-instruct": 500, "identity": 0, "code": 0.0001}
     assert list(recipe.validation_sets) == ["tulu3-mixture", "self-oss-instruct", "code"]
 
@@ -70,7 +117,7 @@ def test_the_dry_run_lists_each_held_out_set_with_what_its_shards_hold(tmp_path)
         held = H.held_out_dir(s.path)
         documents = sum(p.stat().st_size // 8 for p in held.glob("*.ds.index"))
         tokens = sum(p.stat().st_size // 2 for p in held.glob("*.ds"))
-        assert f"  {s.name}: {documents:,} documents, {tokens:,} tokens; holdout 0.1: {held}\n" in report + "\n"
+        assert f"  {s.name}: {documents:,} documents, {tokens:,} tokens; held_out 0.1: {held}\n" in report + "\n"
     assert "held-out sets (never trained on; validated every 100 steps and at the end, on the first 16 sequences " \
            "of 128 tokens of each, on any number of GPUs): eval/val_loss/<name>, eval/val_bpb/<name>" in report
 
@@ -145,13 +192,13 @@ def test_two_ranks_validate_as_one_with_another_micro_batch(tmp_path):
     assert {k: one[k] for k in keys} == pytest.approx({k: two[k] for k in keys}, abs=1e-5)
 
 
-def test_a_bad_holdout_is_refused_naming_the_file_and_key(tmp_path):
-    text = (R.RECIPES / "tiny.toml").read_text().replace('max_epochs = 4\n', 'max_epochs = 4\nholdout = 1.5\n', 1)
+def test_a_bad_held_out_is_refused_naming_the_file_and_key(tmp_path):
+    text = (R.RECIPES / "tiny.toml").read_text().replace('max_epochs = 4\n', 'max_epochs = 4\nheld_out = 1.5\n', 1)
     (tmp_path / "bad.toml").write_text(text)
     with pytest.raises(R.RecipeError) as e:
         R.load(str(tmp_path / "bad.toml"))
     assert str(e.value) == (f"{tmp_path / 'bad.toml'}: [data.sources[0]] source 'prose' (assets/sample_data/prose): "
-                            "holdout: a fraction must be in (0, 1) (a document count is an integer), got 1.5")
-    with pytest.raises(R.RecipeError, match=r"^--set data.holdout=-3 \(over .*tiny.toml\): \[data\] holdout: "
-                                            r"a document count must be >= 1 \(0: no holdout\), got -3$"):
-        R.load("tiny.toml", ["data.holdout=-3"])
+                            "held_out: a fraction must be in (0, 1) (a document count is an integer), got 1.5")
+    with pytest.raises(R.RecipeError, match=r"^--set data.held_out=-3 \(over .*tiny.toml\): \[data\] held_out: "
+                                            r"a document count must be >= 1 \(0: no held_out\), got -3$"):
+        R.load("tiny.toml", ["data.held_out=-3"])

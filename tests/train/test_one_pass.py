@@ -55,7 +55,7 @@ def test_launch_local_resolves_its_recipe_once(resolutions, tmp_path, monkeypatc
 
 def test_validation_sets_are_resolved_with_the_recipe_and_a_clash_names_file_table_key(tmp_path):
     recipe = R.load("tiny", [f"run.output_dir={tmp_path}"])
-    assert recipe.validation_sets == {s.name: f"{s.path}/heldout" for s in recipe.data.sources}
+    assert recipe.validation_sets == {s.name: f"{s.path}/held_out" for s in recipe.data.sources}
     with pytest.raises(R.RecipeError, match=r"tiny\.toml: \[eval\] val_sources\[0\]: .*/prose would be named "
                                             r"'prose', as another held-out set is: rename its folder"):
         R.load("tiny", ['eval.val_sources=["assets/sample_data/prose"]'])
@@ -124,7 +124,7 @@ def test_a_pair_source_is_checked_in_one_place(tmp_path):
     from data.pairs import PairError, pairs_of
     from data.pairs_loader import PairSet
 
-    not_pairs = REPO / "assets" / "chat" / "heldout"
+    not_pairs = REPO / "assets" / "chat" / "held_out"
     with pytest.raises(PairError) as by_reader:
         next(pairs_of(not_pairs))
     with pytest.raises(PairError) as by_loader:

@@ -101,9 +101,9 @@ def test_held_out_pairs_are_scored_with_the_loss_the_trainer_trains_with(sources
 
     model, pairs, cpu = tiny_random_model(), PairSet([sources[1]], seq_len=32), torch.device("cpu")
     logps = torch.from_numpy(reference.pair_logps(model, pairs, local_pairs=2, average=False, device=cpu))
-    trainer = SimpleNamespace(model_parts=[model], heldout_pairs=pairs, local_pairs=2, device=cpu,
-                              preference_loss=PreferenceLoss("dpo", 0.1, 0.0, 0.0), reference={"heldout": logps})
-    scored = Eval.held_out_pairs(trainer)
+    trainer = SimpleNamespace(model_parts=[model], held_out_pairs=pairs, local_pairs=2, device=cpu,
+                              preference_loss=PreferenceLoss("dpo", 0.1, 0.0, 0.0), reference={"held_out": logps})
+    scored = Eval.score_pairs(trainer)
     assert scored[EVAL_LOSS] == pytest.approx(math.log(2), rel=1e-6) and scored[EVAL_ACCURACY] == 0.0
 
 
@@ -191,14 +191,14 @@ def test_a_key_without_its_file_at_a_resumed_step_names_what_changed(sources, tm
     init = reference.checkpoint_identity(checkpoint(tmp_path / "step-40"))
     args = {"init": init, "loss": "dpo", "seq_len": 32, "template_sha256": "sha", "param_dtype": "float32",
             "compile": False}
-    train, heldout = [str(sources[0])], [str(sources[1])]
+    train, held_out = [str(sources[0])], [str(sources[1])]
     record = {"init": init, "train": {"sources": train, "inputs": reference.key_inputs(sources=train, **args)}}
     run = tmp_path / "run"
-    error = str(reference.missing_at_resume(run, "heldout", 7, record, heldout,
-                                            reference.key_inputs(sources=heldout, **args)))
-    assert error.startswith(f"{run / rundir.REFERENCE_LOGPS_DIR}/heldout-")
+    error = str(reference.missing_at_resume(run, "held_out", 7, record, held_out,
+                                            reference.key_inputs(sources=held_out, **args)))
+    assert error.startswith(f"{run / rundir.REFERENCE_LOGPS_DIR}/held_out-")
     assert "the run is at step 7" in error and str(reference.inputs_file(run)) in error
-    assert f"[preference] heldout: unset at the first launch, {heldout} now" in error
+    assert f"[preference] held_out: unset at the first launch, {held_out} now" in error
     bf16 = reference.key_inputs(sources=train, **{**args, "param_dtype": "bfloat16", "compile": True})
     error = str(reference.missing_at_resume(run, "train", 7, record, train, bf16))
     assert ("[parallel] param_dtype (on CPU: float32 unless cpu_fp32 = false): 'float32' at the first launch, "
@@ -210,6 +210,15 @@ def test_a_key_without_its_file_at_a_resumed_step_names_what_changed(sources, tm
         reference.read_inputs(run, 7)
     reference.write_inputs(run, record)
     assert reference.read_inputs(run, 7) == record
+
+    # a run dir from before laneformer 0.2 names the held-out role "heldout": read as held_out
+    key = reference.cache_key(record["train"]["inputs"])
+    reference.write_inputs(run, {**record, reference.OLD_ROLE: record["train"]})
+    assert reference.read_inputs(run, 7) == {**record, "held_out": record["train"]}
+    assert reference.cache_file(run, "held_out", key).name == f"held_out-{key}.npy"
+    old = reference.cache_file(run, reference.OLD_ROLE, key)
+    old.write_bytes(b"")
+    assert reference.cache_file(run, "held_out", key) == old
 
 
 def test_a_pair_without_reference_log_probs_is_named(sources, tmp_path):
@@ -253,7 +262,7 @@ def test_preflight_a_preference_run_reads_pair_sources_only_and_pairs_need_a_pre
     assert "[preference] loss: source(s) ['pairs'] are preference pairs: a run on them needs a preference loss" \
         in problems
     few = (f'data.sources=[{{name = "pairs", path = "{sources[0]}", pairs = true, weight = 1.0, max_epochs = 1}}]')
-    recipe = R.load("tiny-dpo.toml", [f"run.output_dir={tmp_path / 'run'}", few, "preference.heldout=[]"])
+    recipe = R.load("tiny-dpo.toml", [f"run.output_dir={tmp_path / 'run'}", few, "preference.held_out=[]"])
     problems = "\n".join(preflight(recipe, 1).problems)  # 60 steps x 8 pairs of 10
     assert "source 'pairs': the run reads 480 pairs, 48.00 epochs of the 10 pairs, over its max_epochs 1" in problems
 

@@ -65,7 +65,7 @@ def test_missing_shard_names_the_file(tmp_path):
     data = tmp_path / "code"
     data.mkdir()
     for f in glob.glob(str(REPO / "assets/sample_data/code/*")):
-        if os.path.isdir(f):  # its held-out set (data.holdout)
+        if os.path.isdir(f):  # its held-out set (data.held_out)
             shutil.copytree(f, data / os.path.basename(f), copy_function=os.link)
         else:
             os.link(f, data / os.path.basename(f))
@@ -96,9 +96,9 @@ def test_dry_run_prints_the_2b_plan_and_what_a_launch_here_lacks():
 
     raw = tomllib.loads((REPO / "recipes" / "phase1.toml").read_text())
     for s in raw["data"]["sources"]:
-        held = round(raw["data"]["holdout"] * s["expected_tokens"])
+        held = round(raw["data"]["held_out"] * s["expected_tokens"])
         assert (f"  {s['name']}: expected ~{held:,} tokens (of expected_tokens {s['expected_tokens']:,}); "
-                f"holdout {raw['data']['holdout']!r}, not split yet: /data/laneformer/{s['path']}/heldout") in result.stdout
+                f"held_out {raw['data']['held_out']!r}, not split yet: /data/laneformer/{s['path']}/held_out") in result.stdout
 
 
 # ---- one short run: schedule, logs --------------------------------------------------

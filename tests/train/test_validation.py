@@ -181,9 +181,9 @@ def test_sources_are_source_specs_checked_once_with_the_recipe_named(tmp_path):
 
 
 def test_paths_are_absolute_once_resolved(tmp_path):
-    r = R.load("tiny.toml", ["eval.val_sources=[\"assets/chat/heldout\"]", "checkpoint.init_from=runs/x"])
+    r = R.load("tiny.toml", ["eval.val_sources=[\"assets/chat/held_out\"]", "checkpoint.init_from=runs/x"])
     assert r.data.tokenizer == str(REPO / "assets/tokenizer/tokenizer.model")
-    assert r.eval.val_sources == [str(REPO / "assets/chat/heldout")]
+    assert r.eval.val_sources == [str(REPO / "assets/chat/held_out")]
     assert r.checkpoint.init_from == str(REPO / "runs/x")
     assert r.checkpoint.export_dir == str(r.output_dir / "hf")
     assert r.run.output_dir == str(REPO / "runs" / "tiny")

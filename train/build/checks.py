@@ -14,7 +14,7 @@ from torchtitan.protocols.model_spec import ModelSpec
 
 from rundir import writable
 from data.chat import resolve_template, template_sha256
-from data.holdout import held_out_dir, recorded_holdout
+from data.held_out import held_out_dir, recorded_held_out
 from data.loader import build_mixture
 from data.mixture import Mixture
 from data.pairs import MANIFEST_KEY as PAIRS
@@ -157,21 +157,21 @@ def check_data(recipe: Recipe, config: Laneformer.Config, tokenizer: Tokenizer |
 
 
 def check_held_out(recipe: Recipe, tokenizer: Tokenizer) -> list[str]:
-    """Problems of the held-out sets the run validates on: a source with a ``holdout`` whose documents
+    """Problems of the held-out sets the run validates on: a source with a ``held_out`` whose documents
     were not split off (the command that splits them, without re-tokenizing), or split with another
     setting, or whose held-out set cannot be read with the run's tokenizer."""
     p, problems = recipe.path, []
     for i, s in enumerate(recipe.data.sources):
-        if not s.holdout or not Path(s.path).is_dir():
+        if not s.held_out or not Path(s.path).is_dir():
             continue  # a missing source is reported with the command that makes it (and holds out)
-        where, held = f"{p}: [data.sources[{i}]] holdout: source {s.name!r}", held_out_dir(s.path)
+        where, held = f"{p}: [data.sources[{i}]] held_out: source {s.name!r}", held_out_dir(s.path)
         try:
-            entry = recorded_holdout(s.path)
+            entry = recorded_held_out(s.path)
             if entry is None:
                 problems.append(f"{where} has no held-out set ({held}); split it off without re-tokenizing: "
-                                f"python -m train.data holdout --recipe {p} --source {s.name}")
-            elif entry["holdout"] != s.holdout:
-                problems.append(f"{where} is {s.holdout!r}, but {held / MANIFEST} records holdout {entry['holdout']!r}: "
+                                f"python -m train.data held-out --recipe {p} --source {s.name}")
+            elif entry["held_out"] != s.held_out:
+                problems.append(f"{where} is {s.held_out!r}, but {held / MANIFEST} records held_out {entry['held_out']!r}: "
                                 "give that, or tokenize the source again")
             else:
                 open_source(held, tokenizer.fingerprint, tokenizer.vocab_size)
@@ -190,9 +190,9 @@ def check_chat_templates(recipe: Recipe) -> list[str]:
     where: list[tuple[str, str, str | Path, str | None, bool | None]] = [  # table, source, path, chat_key, pairs
         (f"[data.sources[{i}]]", s.name, s.path, s.chat_key, s.pairs) for i, s in enumerate(d.sources)]
     where += [(f"[eval] val_sources[{i}]", Path(v).name, v, None, None) for i, v in enumerate(recipe.eval.val_sources)]
-    where += [(f"[preference] heldout[{i}]", Path(v).name, v, None, True) for i, v in enumerate(recipe.preference.heldout)]
-    where += [(f"[data.sources[{i}]] holdout", s.name, str(held_out_dir(s.path)), None, None)
-              for i, s in enumerate(d.sources) if s.holdout]
+    where += [(f"[preference] held_out[{i}]", Path(v).name, v, None, True) for i, v in enumerate(recipe.preference.held_out)]
+    where += [(f"[data.sources[{i}]] held_out", s.name, str(held_out_dir(s.path)), None, None)
+              for i, s in enumerate(d.sources) if s.held_out]
     problems = []
     for table, source, path, chat_key, pairs in where:
         manifest = Path(path) / MANIFEST

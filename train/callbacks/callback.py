@@ -141,10 +141,10 @@ class PreferenceTrainerView(TrainerView, Protocol):
     def preference_loss(self) -> PreferenceLoss: ...
 
     @property
-    def heldout_pairs(self) -> PairSet | None: ...
+    def held_out_pairs(self) -> PairSet | None: ...
 
     @property
-    def reference(self) -> dict[str, torch.Tensor]: ...  # role ("train", "heldout") -> [pairs, 2] log-probs
+    def reference(self) -> dict[str, torch.Tensor]: ...  # role ("train", "held_out") -> [pairs, 2] log-probs
 
     @property
     def local_pairs(self) -> int: ...  # pairs per micro batch on this rank

@@ -1,11 +1,11 @@
 """Evaluation during training: every N steps and at the end, never fatal.
 
 Validation loss and bits-per-byte on every held-out set (each source's
-held-out documents, data.holdout, and any ``[eval] val_sources``), per set
+held-out documents, data.held_out, and any ``[eval] val_sources``), per set
 and as their token-weighted mean, over the tokens training learns from (chat
 sources' masked labels are left out, as in the training loss); DCLM CORE on a bundle, lm-eval tasks, and a small EvalPlus
 subset (HumanEval+/MBPP+, e.g. during SFT). Then, in a preference run with held-out pairs
-(``[preference] heldout``), those pairs: ``eval/pref_loss`` and ``eval/pref_accuracy`` (the share of
+(``[preference] held_out``), those pairs: ``eval/pref_loss`` and ``eval/pref_accuracy`` (the share of
 pairs whose chosen reward beats the rejected one), also before step 1 (logged as step 0, not on
 resume): the baseline the curves start from; for ``dpo`` and ``dpo_norm`` the policy is the reference
 then, so the loss is ln 2 and no pair is won (ties). The policy's log-probs are taken now with the
@@ -81,7 +81,7 @@ class Eval(Callback[TrainerView], Configurable):
         spec: EvalSpec = field(default_factory=EvalSpec)  # what to evaluate: the recipe's [eval]
         chat_template: str | None = None  # the run's (recipe [data] chat_template, resolved), for EvalPlus's chat
         val_sets: dict[str, str] = field(default_factory=dict)  # name -> held-out dir (train.recipe.validation_sets)
-        pairs: bool = False  # a preference run with [preference] heldout: its trainer's held-out pairs too
+        pairs: bool = False  # a preference run with [preference] held_out: its trainer's held-out pairs too
 
     def __init__(self, config: Config, trainer: TrainerView):
         self.config = config
@@ -92,7 +92,7 @@ class Eval(Callback[TrainerView], Configurable):
 
     def pre_train(self, trainer: TrainerView) -> None:
         if self.config.pairs and trainer.step == 0:  # not a resumed run: it has its baseline
-            results, errors = self.score(trainer, 0, {"held-out pairs": self.held_out_pairs})
+            results, errors = self.score(trainer, 0, {"held-out pairs": self.score_pairs})
             self.log(trainer, 0, results)
             self.write(trainer, 0, results, errors)
 
@@ -112,7 +112,7 @@ class Eval(Callback[TrainerView], Configurable):
             results["eval/wall_time_s"] = time.perf_counter() - start
             self.log(trainer, step, results)
         if c.pairs:
-            pairs, failed = self.score(trainer, step, {"held-out pairs": self.held_out_pairs})
+            pairs, failed = self.score(trainer, step, {"held-out pairs": self.score_pairs})
             self.log(trainer, step, pairs)
             results, errors = {**results, **pairs}, errors + failed
         self.write(trainer, step, results, errors)
@@ -195,14 +195,14 @@ class Eval(Callback[TrainerView], Configurable):
         return run
 
     @staticmethod
-    def held_out_pairs(trainer: TrainerView) -> dict[str, float]:
+    def score_pairs(trainer: TrainerView) -> dict[str, float]:
         """The preference loss and accuracy on the trainer's held-out pairs (train.preference.trainer),
         with autograd on, as the reference pass (train.preference.reference.pair_logps says why)."""
         trainer = cast(PreferenceTrainerView, trainer)  # pairs: set for a preference run only (train.preference.build)
-        assert trainer.heldout_pairs is not None, "pairs: set with [preference] heldout only (train.preference.build)"
+        assert trainer.held_out_pairs is not None, "pairs: set with [preference] held_out only (train.preference.build)"
         objective = trainer.preference_loss
-        policy = torch.from_numpy(pair_logps(trainer.model_parts[0], trainer.heldout_pairs, trainer.local_pairs,
+        policy = torch.from_numpy(pair_logps(trainer.model_parts[0], trainer.held_out_pairs, trainer.local_pairs,
                                              objective.average, trainer.device)).double()
-        ref = trainer.reference["heldout"].double().cpu().unbind(1) if objective.needs_reference else ()
+        ref = trainer.reference["held_out"].double().cpu().unbind(1) if objective.needs_reference else ()
         losses, chosen, rejected = objective(policy[:, 0], policy[:, 1], *ref)
         return {EVAL_LOSS: float(losses.mean()), EVAL_ACCURACY: float((chosen > rejected).double().mean())}

@@ -45,15 +45,15 @@ def check_pairs(recipe: Recipe, config: Laneformer.Config, tokenizer: Tokenizer 
     if plain := [s.name for s in recipe.data.sources if not s.pairs]:
         raise RecipeError(f"source(s) {plain}: a preference run trains on pairs only (set pairs = true on a "
                           "pair source)")
-    heldout = len(PairSet(recipe.preference.heldout, t.seq_len, tokenizer.fingerprint, config.vocab_size)
-                  if recipe.preference.heldout else [])
+    held_out = len(PairSet(recipe.preference.held_out, t.seq_len, tokenizer.fingerprint, config.vocab_size)
+                  if recipe.preference.held_out else [])
     pairs = PairSet([s.path for s in recipe.data.sources], t.seq_len, tokenizer.fingerprint, config.vocab_size)
     epochs = t.samples / 2 / len(pairs)
     for s in recipe.data.sources:
         if s.max_epochs is not None and epochs > s.max_epochs:
             raise RecipeError(f"source {s.name!r}: the run reads {t.samples // 2:,} pairs, "
                               f"{epochs:.2f} epochs of the {len(pairs):,} pairs, over its max_epochs {s.max_epochs}")
-    return f"pairs on this machine: {len(pairs):,} ({epochs:.2f} epochs), held out: {heldout:,}"
+    return f"pairs on this machine: {len(pairs):,} ({epochs:.2f} epochs), held out: {held_out:,}"
 
 
 class TrainerLoss(BaseLoss):
@@ -88,6 +88,6 @@ def configure(recipe: Recipe, config: LaneformerTrainer.Config) -> LaneformerTra
         "dataloader": PairDataLoader.Config(sources=[str(s.path) for s in recipe.data.sources],
                                             vocab_size=config.model_spec.model.vocab_size, seed=recipe.run.seed),
         "loss": TrainerLoss.Config(),
-        "callbacks": [replace(c, pairs=True) if isinstance(c, Eval.Config) and pref.heldout else c
+        "callbacks": [replace(c, pairs=True) if isinstance(c, Eval.Config) and pref.held_out else c
                       for c in config.callbacks],
     }, preference=pref, template_sha256=template_sha256(jinja))

@@ -18,7 +18,7 @@ files), and its step and digest are recorded with what each key holds (``inputs.
 files). A resumed run keys by the recorded init: an SFT run dir that gained a newer step since
 (``init_from`` names its latest) changes nothing. A key whose file exists is reused, and the run says
 so; another is computed at step 0, when the policy still is the reference, and refused at a later
-step by an error that names what changed since the record (``[preference] heldout`` added, the dtype
+step by an error that names what changed since the record (``[preference] held_out`` added, the dtype
 switched, ...).
 """
 
@@ -45,7 +45,8 @@ from data.pairs_loader import PairSet
 WHERE = {"template_sha256": "[data] chat_template", "loss": "[preference] loss", "seq_len": "[training] seq_len",
          "param_dtype": "[parallel] param_dtype (on CPU: float32 unless cpu_fp32 = false)",
          "compile": "[parallel] compile"}
-SOURCES = {"train": "[data.sources] (the pair sources)", "heldout": "[preference] heldout"}
+SOURCES = {"train": "[data.sources] (the pair sources)", "held_out": "[preference] held_out"}
+OLD_ROLE = "heldout"  # the held-out role's name in run dirs written before laneformer 0.2
 
 
 class ReferenceError(RuntimeError):
@@ -94,8 +95,12 @@ def cache_key(inputs: dict) -> str:
 
 
 def cache_file(run_dir: str | Path, role: str, key: str) -> Path:
-    """Where the reference log-probs of ``role``'s pairs (``train`` or ``heldout``) are kept."""
-    return Path(run_dir) / REFERENCE_LOGPS_DIR / REFERENCE_LOGPS_FILE.format(role=role, key=key)
+    """Where the reference log-probs of ``role``'s pairs (``train`` or ``held_out``) are kept; a run dir's
+    from before laneformer 0.2 (``OLD_ROLE``'s file) where only that exists, until the next release."""
+    folder = Path(run_dir) / REFERENCE_LOGPS_DIR
+    path = folder / REFERENCE_LOGPS_FILE.format(role=role, key=key)
+    old = folder / REFERENCE_LOGPS_FILE.format(role=OLD_ROLE, key=key)
+    return old if role == "held_out" and old.is_file() and not path.exists() else path
 
 
 def inputs_file(run_dir: str | Path) -> Path:
@@ -109,7 +114,10 @@ def read_inputs(run_dir: str | Path, step: int) -> dict:
     if not path.is_file():
         raise ReferenceError(f"{path}: missing, and the run is at step {step}: it records the init checkpoint the "
                              "reference log-probs were computed from at step 0. Restore it, or start a new run dir")
-    return json.loads(path.read_text())
+    record = json.loads(path.read_text())
+    if OLD_ROLE in record:  # a run dir from before laneformer 0.2: read until the next release
+        record["held_out"] = record.pop(OLD_ROLE)
+    return record
 
 
 def changes(role: str, recorded: dict | None, sources: list[str], inputs: dict) -> list[str]:

@@ -55,8 +55,8 @@ class PreferenceTrainer(LaneformerTrainer):
         self.preference_loss = PreferenceLoss(p.loss, p.beta, p.label_smoothing, p.gamma)
         self.reference: dict[str, torch.Tensor] = {}  # role -> [pairs, 2] on the device
         # whatever the loss type: train.callbacks.eval scores them, against a reference or not (simpo)
-        self.heldout_pairs = PairSet(p.heldout, config.training.seq_len, self.tokenizer.tokenizer.fingerprint,
-                                     self.tokenizer.get_vocab_size()) if p.heldout else None
+        self.held_out_pairs = PairSet(p.held_out, config.training.seq_len, self.tokenizer.tokenizer.fingerprint,
+                                     self.tokenizer.get_vocab_size()) if p.held_out else None
 
     # -- the reference log-probs, before step 1 -----------------------------------------------------
 
@@ -70,8 +70,8 @@ class PreferenceTrainer(LaneformerTrainer):
         read and what the keys hold is recorded; a resumed run keys by the record."""
         c = self.config
         sets = {"train": self.dataloader.loader.pairs}
-        if self.heldout_pairs is not None:
-            sets["heldout"] = self.heldout_pairs
+        if self.held_out_pairs is not None:
+            sets["held_out"] = self.held_out_pairs
         if self.step == 0:
             if not c.checkpoint.initial_load_path:
                 raise reference.ReferenceError(f"[preference] loss {c.preference.loss!r} needs a reference: set "

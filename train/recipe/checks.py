@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from data.chat import TEMPLATES, check_template, checkpoint_template, resolve_template
-from data.holdout import held_out_dir
+from data.held_out import held_out_dir
 from data.mixture import MixtureError, check_distinct, needs
 from train.recipe.schema import Recipe, RecipeError, TableError, absolute
 
@@ -40,10 +40,10 @@ def resolve(recipe: Recipe) -> None:
     d.root = d.root and str(absolute(d.root))
     d.sources = [dataclasses.replace(s, path=str(in_data_root(recipe, s.path)),
                                      input=s.input and str(absolute(s.input)),
-                                     holdout=d.holdout if s.holdout is None and not s.pairs else s.holdout)
-                 for s in d.sources]  # pairs: held out in a file of their own (data.holdout splits documents)
+                                     held_out=d.held_out if s.held_out is None and not s.pairs else s.held_out)
+                 for s in d.sources]  # pairs: held out in a file of their own (data.held_out splits documents)
     e.val_sources = [str(in_data_root(recipe, v)) for v in e.val_sources]
-    recipe.preference.heldout = [str(in_data_root(recipe, v)) for v in recipe.preference.heldout]
+    recipe.preference.held_out = [str(in_data_root(recipe, v)) for v in recipe.preference.held_out]
     e.core_bundle = e.core_bundle and str(absolute(e.core_bundle))
     e.lm_eval_tasks = e.lm_eval_tasks and str(absolute(e.lm_eval_tasks))
     e.evalplus_data = e.evalplus_data and ",".join(str(absolute(f)) for f in e.evalplus_data.split(","))
@@ -71,9 +71,9 @@ def resolve(recipe: Recipe) -> None:
 
 def validation_sets(recipe: Recipe) -> dict[str, str]:
     """The held-out sets the run validates on, by the name its metrics carry: every source's with a
-    holdout (``<path>/heldout``, named as the source), then each ``[eval] val_sources`` dir (named as
+    held_out (``<path>/held_out``, named as the source), then each ``[eval] val_sources`` dir (named as
     its folder). ``resolve`` records them as ``recipe.validation_sets``."""
-    sets = {s.name: str(held_out_dir(s.path)) for s in recipe.data.sources if s.holdout}
+    sets = {s.name: str(held_out_dir(s.path)) for s in recipe.data.sources if s.held_out}
     for i, v in enumerate(recipe.eval.val_sources):
         if Path(v).name in sets:
             raise RecipeError(f"{recipe.path}: [eval] val_sources[{i}]: {v} would be named {Path(v).name!r}, as "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import sys
 import tomllib
 import types
 import typing
@@ -21,7 +22,7 @@ from data.mixture import MixtureError
 from eval.spec import EvalSpecError
 from rundir import REPO, parse_set
 from train.recipe.checks import resolve
-from train.recipe.schema import TABLES, Model, Recipe, RecipeError, TableError
+from train.recipe.schema import RENAMED, TABLES, Model, Recipe, RecipeError, TableError
 
 RECIPES = REPO / "recipes"
 DATA_ROOT_ENV = "LANEFORMER_DATA_ROOT"
@@ -65,12 +66,31 @@ def load(name: str, overrides: Sequence[str] = ()) -> Recipe:
         raise RecipeError(f"{path}: not valid TOML: {e}") from e
     if os.environ.get(DATA_ROOT_ENV) and isinstance(raw.get("data"), dict):
         raw["data"]["root"] = os.environ[DATA_ROOT_ENV]
+    read_renamed(raw, path)
     sets = {}
     for item in overrides:
         sets[_apply_override(raw, item, path)] = item
     recipe = _parse(raw, RecipeFile(path, sets))
     resolve(recipe)
     return recipe
+
+
+def read_renamed(raw: dict, path: Path) -> None:
+    """Rename ``RENAMED``'s old keys in ``raw`` to their new names, saying so on stderr; a table that
+    holds both names is refused (which one to believe is the user's call)."""
+    data = raw["data"] if isinstance(raw.get("data"), dict) else {}
+    tables = {name: raw[name] for name in RENAMED if isinstance(raw.get(name), dict)}
+    tables |= {f"data.sources[{i}]": s for i, s in enumerate(data.get("sources") or []) if isinstance(s, dict)}
+    for where, table in tables.items():
+        for old, new in RENAMED[where.split("[")[0]].items():
+            if old not in table:
+                continue
+            if new in table:
+                raise RecipeError(f"{path}: [{where}] has both '{old}' and '{new}': '{old}' is the old name of "
+                                  f"'{new}'; keep '{new}' only")
+            table[new] = table.pop(old)
+            print(f"{path}: [{where}] {old}: renamed '{new}' in laneformer 0.2; read as {new} = {table[new]!r} "
+                  "(the old name is read until the next release)", file=sys.stderr)
 
 
 def _apply_override(raw: dict, item: str, path: Path) -> tuple[str, str]:

@@ -1,4 +1,4 @@
-"""Held-out documents (data.holdout): the documents held out are the ones a reference key, computed
+"""Held-out documents (data.held_out): the documents held out are the ones a reference key, computed
 here with hashlib and struct alone, puts below the threshold; a split keeps every document exactly
 once; a held-out document never reaches a training batch; tokenization splits the same way."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data import holdout as H
+from data import held_out as H
 from data import tokenize
 from data.mixture import Mixture, MixtureLoader, SourceSpec
 from data.shards import load_manifest, open_source, verify_checksums, write_manifest, write_shard
@@ -62,31 +62,31 @@ def test_a_split_keeps_every_document_once_and_holds_out_what_the_rule_says(tmp_
     before = Counter(docs)
     source = write_source(tmp_path / "src", [docs[:150], docs[150:]])
 
-    assert H.main([str(source), "--holdout", "0.2"]) == 0
-    held, kept = documents(source / "heldout"), documents(source)
+    assert H.main([str(source), "--held-out", "0.2"]) == 0
+    held, kept = documents(source / "held_out"), documents(source)
     assert held + kept == before  # every document exactly once, duplicates included
     assert set(held) == {d for d in before if held_by_fraction(d, 0.2)}
     assert 30 < sum(held.values()) < 90  # ~60 of 302: the keys spread evenly
     assert held[docs[7]] == before[docs[7]] or kept[docs[7]] == before[docs[7]]
-    for directory in (source, source / "heldout"):
+    for directory in (source, source / "held_out"):
         verify_checksums(directory)  # the manifests describe the shards as rewritten
-    manifest, entry = load_manifest(source), load_manifest(source / "heldout")["holdout"]
-    assert manifest["holdout"] == entry and entry["holdout"] == 0.2
+    manifest, entry = load_manifest(source), load_manifest(source / "held_out")["held_out"]
+    assert manifest["held_out"] == entry and entry["held_out"] == 0.2
     assert (entry["documents"], manifest["num_documents"]) == (sum(held.values()), sum(kept.values()))
     assert entry["tokens"] == sum(len(d) * n for d, n in held.items())
-    assert str(source / "heldout") in capsys.readouterr().out
+    assert str(source / "held_out") in capsys.readouterr().out
 
     # the same documents, sharded otherwise and in another order: the same ones held out
     other = write_source(tmp_path / "other", [docs[::-1][:100], docs[::-1][100:200], docs[::-1][200:]])
     H.split(other, 0.2)
-    assert documents(other / "heldout") == held
+    assert documents(other / "held_out") == held
 
 
 def test_a_count_holds_out_the_documents_of_smallest_key(tmp_path):
     docs = random_docs(120, seed=1)
     source = write_source(tmp_path / "src", [docs[:60], docs[60:]])
     H.split(source, 7)
-    assert set(documents(source / "heldout")) == set(sorted(docs, key=reference_key)[:7])
+    assert set(documents(source / "held_out")) == set(sorted(docs, key=reference_key)[:7])
     assert sum(documents(source).values()) == 113
 
 
@@ -94,7 +94,7 @@ def test_loss_masks_travel_with_their_documents(tmp_path):
     docs = random_docs(80, seed=2)
     source = write_source(tmp_path / "src", [docs[:40], docs[40:]], loss=True)
     H.split(source, 0.3)
-    for directory in (source, source / "heldout"):
+    for directory in (source, source / "held_out"):
         opened = open_source(directory)
         assert opened.manifest["chat"] == {"template": "test"}  # the chat entry is carried to both
         for shard in opened.shards:
@@ -107,12 +107,12 @@ def test_a_second_split_changes_nothing_and_another_setting_is_refused(tmp_path,
     before = {p.name: p.read_bytes() for p in source.rglob("*") if p.is_file()}
     H.split(source, 0.25)
     assert {p.name: p.read_bytes() for p in source.rglob("*") if p.is_file()} == before
-    assert H.main([str(source), "--holdout", "0.5"]) == 2
+    assert H.main([str(source), "--held-out", "0.5"]) == 2
     err = capsys.readouterr().err
-    assert f"{source}: already split with holdout 0.25" in err and "not 0.5" in err
-    with pytest.raises(H.HoldoutError, match="selects none of its 100 documents"):
+    assert f"{source}: already split with held_out 0.25" in err and "not 0.5" in err
+    with pytest.raises(H.HeldOutError, match="selects none of its 100 documents"):
         H.split(write_source(tmp_path / "small", [random_docs(100, seed=3)]), 1e-9)
-    with pytest.raises(H.HoldoutError, match="the source has only 100"):
+    with pytest.raises(H.HeldOutError, match="the source has only 100"):
         H.split(tmp_path / "small", 100)
 
 
@@ -124,23 +124,23 @@ def test_a_rerun_refuses_a_training_shard_that_holds_a_held_out_document(tmp_pat
     docs = random_docs(100, seed=8)
     source = write_source(tmp_path / "src", [docs[:50], docs[50:]])
     H.split(source, 0.25)
-    held = documents(source / "heldout")
+    held = documents(source / "held_out")
     leaked = [d for d in docs[50:] if d in held]
     assert leaked and any(d in held for d in docs[:50])  # both shards had held-out documents
     write_shard(source / "00001_unshuffled.ds", docs[50:])  # shard 1 as tokenized, before its split
     write_manifest(source, load_manifest(source)["tokenizer"], {"kind": "test"})
     manifest = (source / "manifest.json").read_text()
-    assert H.main([str(source), "--holdout", "0.25"]) == 2
+    assert H.main([str(source), "--held-out", "0.25"]) == 2
     err = capsys.readouterr().err
-    assert f"{source}: holdout: {source / '00001_unshuffled.ds'} holds {len(leaked)} held-out document" in err
+    assert f"{source}: held_out: {source / '00001_unshuffled.ds'} holds {len(leaked)} held-out document" in err
     assert "00000_unshuffled" not in err  # the shard the split left alone is not named
-    assert (source / "manifest.json").read_text() == manifest  # no holdout entry: the source is not called split
+    assert (source / "manifest.json").read_text() == manifest  # no held_out entry: the source is not called split
 
 
 @pytest.mark.parametrize("value, why", [(1.0, "a fraction must be in (0, 1)"), (-1, "a document count must be >= 1"),
                                         (True, "expected a fraction"), ("0.1", "expected a fraction")])
 def test_bad_settings_say_why(value, why):
-    assert why in H.holdout_problem(value)
+    assert why in H.held_out_problem(value)
 
 
 def planted(fraction: float, held: bool) -> tuple[int, ...]:
@@ -179,8 +179,8 @@ def test_a_planted_held_out_document_is_in_no_training_batch_over_three_epochs(t
                write_source(tmp_path / "b", [random_docs(50, seed=6)])]
     unsplit = [write_source(tmp_path / "a0", [a[:30] + [hidden], a[30:] + [control]]), sources[1]]
     for source in sources:
-        assert H.main([str(source), "--holdout", "0.2"]) == 0
-    assert hidden in documents(sources[0] / "heldout") and control in documents(sources[0])
+        assert H.main([str(source), "--held-out", "0.2"]) == 0
+    assert hidden in documents(sources[0] / "held_out") and control in documents(sources[0])
 
     def contains(ids: np.ndarray, doc: tuple) -> bool:  # the document's marked middle, anywhere in a row
         window = np.lib.stride_tricks.sliding_window_view(ids, len(doc) - 2, axis=1)
@@ -197,18 +197,18 @@ def test_tokenization_holds_out_by_the_same_rule_and_a_rerun_keeps_the_split(tmp
 
     texts = [t for f in make_corpus(tmp_path / "in", 90) for t in f]
     args = ["--input", str(tmp_path / "in"), "--out", str(tmp_path / "out"), "--tokenizer", str(TINY_TOKENIZER),
-            "--tasks", "2", "--holdout", "0.25"]
+            "--tasks", "2", "--held-out", "0.25"]
     tokenize.main(args)
-    assert "heldout: " in capsys.readouterr().out
+    assert "held_out: " in capsys.readouterr().out
     tok = load_tokenizer()
     everything = Counter(tuple(tok.encode_document(t)) for t in texts)
-    held = documents(tmp_path / "out" / "heldout")
+    held = documents(tmp_path / "out" / "held_out")
     assert held + documents(tmp_path / "out") == everything
     assert set(held) == {d for d in everything if held_by_fraction(d, 0.25)} and held
     manifest = (tmp_path / "out" / "manifest.json").read_text()
     tokenize.main(args)  # finished tasks are skipped, the manifest is rewritten from the shards: the split stays
     assert (tmp_path / "out" / "manifest.json").read_text() == manifest
-    assert json.loads(manifest)["holdout"]["holdout"] == 0.25
+    assert json.loads(manifest)["held_out"]["held_out"] == 0.25
 
 
 def test_pair_sources_are_not_split_by_document(tmp_path):
@@ -220,8 +220,8 @@ def test_pair_sources_are_not_split_by_document(tmp_path):
     pairs = REPO / "assets" / "preference" / "train"
     copy = tmp_path / "pairs"
     shutil.copytree(pairs, copy)
-    with pytest.raises(H.HoldoutError, match="preference-pair source"):
+    with pytest.raises(H.HeldOutError, match="preference-pair source"):
         H.split(copy, 0.1)
-    assert PAIRS in load_manifest(copy) and not (copy / "heldout").exists()
-    with pytest.raises(MixtureError, match="holdout: not for pairs"):
-        SourceSpec(name="p", path=str(copy), weight=1.0, pairs=True, holdout=0.1)
+    assert PAIRS in load_manifest(copy) and not (copy / "held_out").exists()
+    with pytest.raises(MixtureError, match="held_out: not for pairs"):
+        SourceSpec(name="p", path=str(copy), weight=1.0, pairs=True, held_out=0.1)
