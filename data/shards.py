@@ -215,6 +215,16 @@ def long_documents(shards: list[Shard]) -> dict[str, dict[str, int]]:
     return counts
 
 
+def describe_long_documents(manifest: dict) -> str:
+    """The manifest's ``long_documents`` in a line: tokens in documents of at least 4k, 8k, ... and their
+    share of the source (what a long-context mix is for), or why it has none."""
+    if "long_documents" not in manifest:
+        return "long documents not counted (tokenized before laneformer 0.2: tokenize again to count them)"
+    total = max(manifest["num_tokens"], 1)
+    return "tokens in documents of at least " + ", ".join(
+        f"{int(n) // 1024}k: {c['tokens']:,} ({c['tokens'] / total:.1%})" for n, c in manifest["long_documents"].items())
+
+
 def write_manifest(directory: str | Path, tokenizer: dict, input_description: dict, extra: dict | None = None) -> dict:
     """Scan the shards in directory, check them, and write manifest.json (returned).
 

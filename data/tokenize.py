@@ -71,7 +71,7 @@ from data import decontaminate as decont
 from data.hf_tokenizer import PROBE_TEXTS, build_fast_tokenizer, document_post_processor
 from data.held_out import HeldOutError, add_held_out_flag, describe, split
 from data.pairs import MANIFEST_KEY as PAIRS
-from data.shards import LOGS_DIR, load_manifest, write_manifest
+from data.shards import LOGS_DIR, describe_long_documents, load_manifest, write_manifest
 from data.tokenizer import Tokenizer
 from rundir import REPO
 
@@ -525,8 +525,7 @@ def run_and_report(a: argparse.Namespace, p: argparse.ArgumentParser, **kwargs) 
         if "min_doc_tokens" in manifest:
             m = manifest["min_doc_tokens"]
             print(f"documents under {m['min']} tokens dropped: {m['dropped_documents']} ({m['dropped_tokens']} tokens)")
-        print("tokens in documents of at least " + ", ".join(
-            f"{int(n) // 1024}k: {c['tokens']}" for n, c in manifest["long_documents"].items()))
+        print(describe_long_documents(manifest))
         if "held_out" in manifest:
             print(describe(Path(a.out), manifest["held_out"]))
         if "decontamination" in manifest:

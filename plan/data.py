@@ -36,7 +36,17 @@ def data_report(recipe: R.Recipe) -> str:
         lines.append(f"not on this machine yet: {', '.join(missing)}")
     else:
         lines.append(check_data(recipe, model_config(recipe)).describe())
-    return "\n".join(lines + held_out_report(recipe))
+    return "\n".join(lines + long_documents_report(recipe) + held_out_report(recipe))
+
+
+def long_documents_report(recipe: R.Recipe) -> list[str]:
+    """Per source on this machine, the tokens its manifest counts in documents of at least 4k to 32k: a
+    long-context phase packs documents, so only these teach it anything past the old length."""
+    from data.shards import MANIFEST, describe_long_documents, load_manifest
+
+    here = [s for s in recipe.data.sources if os.path.isfile(os.path.join(s.path, MANIFEST))]
+    lines = [f"long documents (the run's seq_len: {recipe.training.seq_len:,}):"] if here else []
+    return lines + [f"  {s.name}: {describe_long_documents(load_manifest(s.path))}" for s in here]
 
 
 def held_out_report(recipe: R.Recipe) -> list[str]:

@@ -165,3 +165,34 @@ def test_concat_by_on_slurm_runs_its_two_stages_then_the_manifest(tmp_path):
             subprocess.run(["bash", str(script)], check=True, env=node_env, cwd=tmp_path, capture_output=True)
     assert load_manifest(tmp_path / "out")["concat"] == load_manifest(tmp_path / "reference")["concat"]
     assert documents(tmp_path / "out") == documents(tmp_path / "reference")
+
+
+def test_a_recipe_source_tokenizes_with_its_long_document_keys(tmp_path):
+    """``min_doc_tokens``, ``concat_by`` and ``concat_order`` on ``[[data.sources]]`` reach data.tokenize:
+    ``train.data tokenize`` makes what the command line's flags make."""
+    from train import data as train_data
+    from train import recipe as R
+
+    rows = code_rows()
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "code.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    source = (f'{{name = "repos", path = "{tmp_path / "out"}", input = "{tmp_path / "in"}", text_key = "content", '
+              'weight = 1.0, concat_by = "max_stars_repo_name", concat_order = "max_stars_repo_path", '
+              'min_doc_tokens = 30}')
+    sets = [f"run.output_dir={tmp_path / 'run'}", f"data.sources=[{source}]", "data.held_out=0"]
+    assert train_data.main(["tokenize", "--recipe", "tiny", "--source", "repos", *(f"--set={s}" for s in sets)]) == 0
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["concat"]["repositories"] == 9 and manifest["min_doc_tokens"]["min"] == 30
+    assert manifest["min_doc_tokens"]["dropped_documents"] > 0  # the small repositories
+    flags = tokenize.run(str(tmp_path / "in"), tmp_path / "flags", TINY_TOKENIZER, text_key="content",
+                         concat_by="max_stars_repo_name", concat_order="max_stars_repo_path", min_doc_tokens=30)
+    assert sorted(documents(tmp_path / "out")) == sorted(documents(tmp_path / "flags"))
+    assert {k: flags[k] for k in ("concat", "min_doc_tokens")} == {k: manifest[k] for k in ("concat", "min_doc_tokens")}
+
+    for extra, message in ((', concat_by = "repo"}', "give concat_by and concat_order together"),
+                           (', min_doc_tokens = 0}', "min_doc_tokens must be >= 1, got 0"),
+                           (', min_doc_tokens = 9, chat_key = "messages"}', "are for text sources")):
+        bad = source.replace(', min_doc_tokens = 30}', "").replace(', concat_by = "max_stars_repo_name", '
+                                                                   'concat_order = "max_stars_repo_path"', "")
+        with pytest.raises(R.RecipeError, match=r"\[data.sources\[0\]\] source 'repos' .*" + message):
+            R.load("tiny", [*sets[:1], f"data.sources=[{bad + extra}]"])

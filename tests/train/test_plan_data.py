@@ -64,3 +64,33 @@ def test_two_sources_reading_the_same_rows_are_refused(tmp_path):
         tiny(tmp_path, twice)
     filtered = twice.replace('path = "b",', 'path = "b", exclude = {source = ["x"]},')
     assert [s.name for s in tiny(tmp_path, filtered).data.sources] == ["a", "b"]  # another filter: other rows
+
+
+def test_the_dry_run_counts_the_tokens_of_long_documents_in_each_source(tmp_path):
+    """Independent reference: every document's length from the shards' indexes, counted here."""
+    from data.shards import LONG_DOCUMENTS, open_source
+
+    recipe = tiny(tmp_path)
+    report = data_report(recipe)
+    assert "long documents (the run's seq_len: 128):" in report
+    for s in recipe.data.sources:
+        lengths = np.concatenate([np.diff(np.asarray(shard.doc_ends, np.int64), prepend=0)
+                                  for shard in open_source(s.path).shards])
+        total = int(lengths.sum())
+        counts = [int(lengths[lengths >= n].sum()) for n in LONG_DOCUMENTS]
+        assert counts[0] > counts[-1] == 0  # the bundled sample holds documents past 4k, none past 32k
+        expected = ", ".join(f"{n // 1024}k: {c:,} ({c / total:.1%})" for n, c in zip(LONG_DOCUMENTS, counts))
+        assert f"  {s.name}: tokens in documents of at least {expected}" in report.splitlines()
+
+
+def test_a_source_tokenized_before_the_counts_says_so(tmp_path):
+    import json
+    import shutil
+
+    source = shutil.copytree(R.REPO / "assets" / "sample_data" / "prose", tmp_path / "prose")
+    manifest = json.loads((source / "manifest.json").read_text())
+    del manifest["long_documents"]
+    (source / "manifest.json").write_text(json.dumps(manifest))
+    report = data_report(tiny(tmp_path, f'data.sources=[{{name = "prose", path = "{source}", weight = 1.0, max_epochs = 4}}]'))
+    assert ("  prose: long documents not counted (tokenized before laneformer 0.2: tokenize again to count them)"
+            in report.splitlines())
