@@ -10,7 +10,10 @@ holds every lane: the reference. With it, ``P`` ranks (``P`` divides
 ``n_lanes``) each hold lanes ``r*L/P .. (r+1)*L/P - 1``: their slices
 ``W[lanes]`` of every lane-batched weight (read straight from the released
 ``[L, out, in]`` layout, no conversion), the KV cache of their own heads, and
-the replicated embeddings, norm and head. For sub-block ``s`` (attention,
+the replicated embeddings, norm and head. A window layer caches only its window
+(a ring), a full layer every position; the RoPE tables are as long as the
+decode, so it runs past ``max_seq_len`` (``LaneDecoder.reset`` says why that is
+the model's own RoPE). For sub-block ``s`` (attention,
 then MLP) of layer ``i``, with ``o_l(i)`` lane ``l``'s partial output and
 ``S_r(i) = sum_{l on rank r} o_l(i)``, each rank computes, for its lanes::
 
@@ -123,19 +126,32 @@ class LaneDecoder:
         for name, t in self.w.items():
             if LANE_WEIGHT.fullmatch(name) and t.shape[0] != n:
                 raise ValueError(f"{name}: holds {t.shape[0]} lanes, this rank owns {n} ({lanes})")
-        with torch.device(device):
-            self.ropes = [config.rope_of(i).build() for i in range(config.n_layers)]
+        self.ropes: list = []  # torchtitan's RoPE of each layer, tables as long as the decode (reset)
         self.timed_sync = False  # CUDA: synchronise around waits, to time them (a separate pass)
         self.wait_s = 0.0
         self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def reset(self, batch: int, max_len: int) -> None:
-        """An empty KV cache for ``max_len`` positions; zero the wait clock."""
-        if max_len > self.cfg.max_seq_len:
-            raise ValueError(f"{max_len} positions exceed model.max_seq_len={self.cfg.max_seq_len}")
-        shape = (batch, self.kv_heads, max_len, self.cfg.head_dim)
-        self.cache = [(torch.zeros(shape, device=self.device, dtype=self.dtype),
-                       torch.zeros(shape, device=self.device, dtype=self.dtype)) for _ in range(self.cfg.n_layers)]
+        """An empty KV cache and RoPE tables for ``max_len`` positions; zero the wait clock.
+
+        A window layer's cache is a ring of its last ``min(window_size, max_len)`` positions (position ``p``
+        in slot ``p % slots``): a query sees at most ``window_size - 1`` earlier positions, so its memory
+        stays bounded at any length. A full layer keeps all ``max_len`` positions.
+
+        The RoPE tables have ``max_len`` rows, past ``model.max_seq_len`` too: a row is the rotation by
+        position times frequency, whatever the table's length (torchtitan's ``ComplexRoPE._precompute_cache``),
+        so the rows below ``max_seq_len`` are the model's own and the rows beyond are the same RoPE,
+        scaled or not, at further positions. ``max_seq_len`` only sizes the training model's tables.
+        """
+        with torch.device(self.device):
+            self.ropes = [dataclasses.replace(self.cfg.rope_of(i), max_seq_len=max_len).build()
+                          for i in range(self.cfg.n_layers)]
+
+        def empty(length: int) -> torch.Tensor:
+            return torch.zeros(batch, self.kv_heads, length, self.cfg.head_dim, device=self.device, dtype=self.dtype)
+
+        lengths = [min(w, max_len) if (w := self.cfg.window_of(i)) else max_len for i in range(self.cfg.n_layers)]
+        self.cache = [(empty(n), empty(n)) for n in lengths]
         self.wait_s = 0.0
 
     # The exchange. Time blocked on it counts as waiting; everything else is compute.
@@ -184,6 +200,25 @@ class LaneDecoder:
     def _norm(self, x, name):
         return F.rms_norm(x, (self.cfg.dim,), self.w[name], self.cfg.norm_eps)
 
+    def _cached(self, i: int, k: torch.Tensor, v: torch.Tensor, start: int):
+        """(keys, values, their positions) that layer ``i``'s queries at ``start``.. attend over; stores ``k, v``
+        ``[B, kv_heads, S, head_dim]`` in the cache.
+
+        A window layer's ring is read with the new keys before they are stored: a chunk longer than the
+        ring overwrites positions its own first queries still see. Empty slots get negative positions.
+        """
+        k_cache, v_cache = self.cache[i]
+        S, slots = k.shape[2], k_cache.shape[2]
+        if self.cfg.window_of(i) is None:
+            k_cache[:, :, start:start + S], v_cache[:, :, start:start + S] = k, v
+            return k_cache[:, :, :start + S], v_cache[:, :, :start + S], torch.arange(start + S, device=self.device)
+        held = start - 1 - (start - 1 - torch.arange(slots, device=self.device)) % slots  # latest position < start
+        new = torch.arange(start, start + S, device=self.device)
+        keys, values = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+        kept = new[-slots:] % slots  # the slots of the last positions, which the next queries may see
+        k_cache[:, :, kept], v_cache[:, :, kept] = k[:, :, -slots:], v[:, :, -slots:]
+        return keys, values, torch.cat([held, new])
+
     def _attention(self, i: int, x, start: int):
         B, S, n, _ = x.shape
         hd, p = self.cfg.head_dim, f"layers.{i}.attention."
@@ -192,18 +227,14 @@ class LaneDecoder:
         v = lane_linear(x, self.w[p + "wv.weight"]).reshape(B, S, self.kv_heads, hd)
         positions = torch.arange(start, start + S, device=self.device).unsqueeze(0)
         q, k = self.ropes[i](q, k, positions)
-        k_cache, v_cache = self.cache[i]
-        k_cache[:, :, start:start + S] = k.transpose(1, 2)
-        v_cache[:, :, start:start + S] = v.transpose(1, 2)
-        end = start + S
-        q_pos, k_pos = positions[0].unsqueeze(1), torch.arange(end, device=self.device).unsqueeze(0)
-        mask = k_pos <= q_pos
+        keys, values, k_pos = self._cached(i, k.transpose(1, 2), v.transpose(1, 2), start)
+        q_pos, k_pos = positions[0].unsqueeze(1), k_pos.unsqueeze(0)
+        mask = (k_pos >= 0) & (k_pos <= q_pos)
         window = self.cfg.window_of(i)
         if window:
             mask = mask & (q_pos - k_pos < window)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k_cache[:, :, :end], v_cache[:, :, :end],
-                                             attn_mask=mask, scale=self.cfg.softmax_scale_of(i),
-                                             enable_gqa=self.heads != self.kv_heads)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
+                                             scale=self.cfg.softmax_scale_of(i), enable_gqa=self.heads != self.kv_heads)
         return lane_linear(out.transpose(1, 2).reshape(B, S, n, -1), self.w[p + "wo.weight"])
 
     def _mlp(self, i: int, x):

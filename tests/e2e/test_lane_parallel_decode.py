@@ -18,7 +18,12 @@ costs ~15 s here, so everything shares it; 4 and 2 ranks are subgroups):
   3-4 late; all 15 would need ~8.5 GB of lane weights over the ranks plus as
   much again for the one-process reference), and a vocabulary of 4,096 instead
   of 32,000 (embeddings and head are replicated on every rank, never
-  exchanged; at 32,000 their random init alone took ~25 s of this test).
+  exchanged; at 32,000 their random init alone took ~25 s of this test);
+- generation past the base model's length (issue 44 item 7), on 8 ranks: the
+  YaRN x4 case of tests/models/test_generate_long.py, a 256-token prompt (4x
+  its original length of 64, a window of 16 wrapping its ring 16 times),
+  decoded past its max_seq_len; checked against that file's reference, greedy
+  decoding by full forward passes of ``Laneformer.forward``.
 
 The one-process references run in the test process (for the 2B-shaped model
 also checked against ``Laneformer.forward``) and, for the checkpoint, through
@@ -38,6 +43,11 @@ import torch
 from rundir import REPO
 from tests.conftest import TORCHRUN, env, free_port, train
 from tests.models.conftest import DECODE_PROMPT, DECODE_VARIANTS, decode_config, model_from_weights
+from tests.models.test_generate_long import NEW as LONG_NEW
+from tests.models.test_generate_long import PROMPT as LONG_PROMPT
+from tests.models.test_generate_long import long_config, long_weights, reference_greedy
+
+LONG_CASE = "yarn x4, 4x the original length"
 
 SPLITS = (8, 4, 2)
 VARIANT_SPLITS = (8, 4)
@@ -91,6 +101,8 @@ def worker(spec_path: str, out_path: str) -> None:
                                          DECODE_PROMPT, VARIANT_NEW)
     big = big_config()
     results["2B/8"] = run(8, big, lambda lanes: G.random_weights(big, lanes, seed=2), BIG_PROMPT, BIG_NEW)
+    long = long_config(LONG_CASE)
+    results["long/8"] = run(8, long, lambda lanes: long_weights(long, lanes), LONG_PROMPT, LONG_NEW)
     dist.barrier()
     if rank == 0:
         Path(out_path).write_text(json.dumps(results))
@@ -155,6 +167,11 @@ def test_lane_parallel_ids_equal_one_process(trained, tmp_path, capsys):
         logits = model_from_weights(big, weights)(torch.tensor([BIG_PROMPT + reference]))[0]
     assert logits[len(BIG_PROMPT) - 1:-1].argmax(-1).tolist() == reference
     assert got["2B/8"] == reference
+
+    # Past the base model's length: the reference is the model's own forward, once per token.
+    long = long_config(LONG_CASE)
+    reference, _ = reference_greedy(long, long_weights(long), LONG_PROMPT, LONG_NEW)
+    assert got["long/8"] == reference
 
 
 @pytest.mark.slow

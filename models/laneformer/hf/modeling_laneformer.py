@@ -32,7 +32,10 @@ The exchange runs along layers, never along time, so a KV cache is all that
 generation needs: transformers' cache (``layer_types`` in the config makes it
 keep only a window of keys for window layers); masks are built from the token
 indices of whatever keys the cache returns, so both full and windowed caches
-are honoured.
+are honoured. Rotations are computed from the positions at each call, with no
+table, so generation runs past ``max_position_embeddings`` (transformers then
+warns; without ``max_new_tokens`` its ``generate`` stops at that length, or
+refuses a longer prompt).
 """
 
 import math
