@@ -29,6 +29,13 @@ class EvalSpec:
     # (train.callbacks.eval), which has the data pipeline; run_evals leaves them alone.
     val_sources: list[str] = field(default_factory=list)
     val_samples: int = 64  # sequences scored per held-out set: its first ones, the same on any number of ranks
+    # Lengths to validate at besides the run's seq_len (each held-out set at each, on the same tokens:
+    # the first val_samples x seq_len of its stream, cut into sequences of that length), e.g. [4096, 16384]
+    # in a long-context phase: its short-context loss beside its long one. Names: train.metric_names.at_length.
+    val_seq_lens: list[int] = field(default_factory=list)
+    # Held-out loss by position in the document (eval.position_loss), in this many equal buckets of the
+    # longest validation length; 0: none.
+    position_buckets: int = 0
     core_bundle: str | None = None  # a DCLM CORE bundle folder
     core_max_per_task: int | None = None  # None: every item
     core_tasks: list[str] | None = None  # CORE labels to score (the rest count as missing); None: all
@@ -61,6 +68,10 @@ class EvalSpec:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise EvalSpecError(f"{name}: must be > 0 (got {value})")
+        if any(n <= 0 for n in self.val_seq_lens):
+            raise EvalSpecError(f"val_seq_lens: every length must be > 0 (got {self.val_seq_lens})")
+        if self.position_buckets < 0:
+            raise EvalSpecError(f"position_buckets: must be >= 0 (got {self.position_buckets}; 0: none)")
         if self.humaneval_temperature < 0:
             raise EvalSpecError(f"humaneval_temperature: must be >= 0 (got {self.humaneval_temperature})")
         if self.evalplus_temperature < 0:
@@ -84,6 +95,11 @@ class EvalSpec:
     def evalplus_datasets(self) -> list[str]:
         """``evalplus`` as a list ("humaneval,mbpp" -> ["humaneval", "mbpp"]; unset: [])."""
         return [n.strip() for n in self.evalplus.split(",")] if self.evalplus else []
+
+    def lengths(self, seq_len: int) -> list[int]:
+        """The lengths each held-out set is validated at, ascending: the run's ``seq_len`` and every
+        ``val_seq_lens`` (the run's own always: ``eval/val_loss`` is the one every reader compares)."""
+        return sorted({seq_len, *self.val_seq_lens})
 
     def benchmarks(self) -> dict[str, EvalSpec]:
         """One spec per benchmark this one runs (CORE, lm-eval, HumanEval, EvalPlus), each with

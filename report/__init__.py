@@ -6,7 +6,8 @@
 Several runs share the axes: their curves are overlaid, and a run that started
 from another listed run's checkpoint (phase 2 from phase 1) continues it along
 the token axis. Without ``--out`` the report goes to ``RUN/report/`` (the first
-run's). Modules: ``runs`` reads a run dir, ``figures`` draws, ``page`` writes
+run's). Modules: ``runs`` reads a run dir, ``figures`` draws, ``phases`` compares
+a phase's short-context numbers with the run it started from, ``page`` writes
 the HTML, ``memory`` draws and records the memory plan.
 """
 
@@ -25,6 +26,7 @@ def write_report(runs: list[Path], out: Path | None = None) -> Path:
     ``report.html`` into ``out`` (default: the first run's ``report/``); returns the page's path."""
     from report.figures import all_figures
     from report.page import page
+    from report.phases import comparisons
 
     read = [read_run(Path(r)) for r in runs]
     continue_runs(read)
@@ -33,6 +35,6 @@ def write_report(runs: list[Path], out: Path | None = None) -> Path:
     figures = all_figures(read, out)
     path = out / REPORT_PAGE
     tmp = path.with_name(f".{REPORT_PAGE}.tmp")
-    tmp.write_text(page(read, [header(r) for r in read], figures))
+    tmp.write_text(page(read, [header(r) for r in read], figures, comparisons(read)))
     tmp.replace(path)  # a reader never sees half a page
     return path

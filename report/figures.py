@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from itertools import cycle
 from pathlib import Path
 
 from matplotlib.figure import Figure as MplFigure
 from matplotlib.ticker import EngFormatter, FuncFormatter
 
+from eval.spec import EvalSpec
 from rundir import PLAN_FILE
-from train.metric_names import VAL_BPB, VAL_LOSS, per_set
+from train.metric_names import VAL_BPB, VAL_LOSS, at_length, bucket_of, per_set
 from train.preference.metrics import EVAL_ACCURACY, REWARDS_ACCURACY, REWARDS_CHOSEN, REWARDS_MARGIN, REWARDS_REJECTED
 from report.runs import Run
 
@@ -231,6 +233,57 @@ def evals(runs: list[Run], out: Path) -> list[Figure]:
     return [val, per_source, core, lm, code]
 
 
+def validation_lengths(runs: list[Run], out: Path) -> Figure:
+    """The validation loss over every held-out set at each length the run validated at (its seq_len and
+    ``[eval] val_seq_lens``): a long-context phase's short-context loss beside its long one."""
+    lengths = {run.name: EvalSpec(val_seq_lens=run.recipe.get("eval", {}).get("val_seq_lens", [])).lengths(run.seq_len)
+               for run in runs}
+    title = "validation loss (nats/token) at each validation length"
+    if all(len(n) == 1 for n in lengths.values()):
+        return Figure("validation_lengths", title, note="one validation length a run ([eval] val_seq_lens)")
+    d = Drawing(runs, "validation_lengths", title)
+    ax = d.axes[0]
+    for run in runs:
+        for style, length in zip(cycle(("-", "--", ":", "-.")), lengths[run.name]):
+            d.line(ax, run, *run.eval_series(at_length(VAL_LOSS, length, run.seq_len)), f"at {length:,}",
+                   linestyle=style, marker="o", markersize=3)
+    d.axis_labels(ax, "loss (nats/token)")
+    return d.save(out)
+
+
+def latest_by_position(run: Run) -> tuple[int, list[tuple[int, int, float]]] | None:
+    """The run's latest eval with a loss by position: (step, [(start, end, loss), ...] by position)."""
+    for step in sorted(run.evals, reverse=True):
+        metrics = run.evals[step]["metrics"]
+        buckets = sorted((*span, float(v)) for k, v in metrics.items() if (span := bucket_of(k)))
+        if buckets:
+            return step, buckets
+    return None
+
+
+def position_loss(runs: list[Run], out: Path) -> Figure:
+    """Held-out loss against the position in the document (eval.position_loss) at each run's latest eval
+    that has it, every run on one figure (a base model and its long-context phase), each bucket drawn at
+    its middle, with a dotted line where each run's training length ends: past it, a model that does not
+    use the context shows it here first."""
+    drawn = [(run, found) for run in runs if (found := latest_by_position(run))]
+    title = "held-out loss by position in the document"
+    if not drawn:
+        return Figure("position_loss", title, note="no loss by position in evals/step-N.json ([eval] position_buckets)")
+    d = Drawing(runs, "position_loss", title)
+    ax = d.axes[0]
+    for run, (step, buckets) in drawn:
+        label = d.label(run, f"step {step:,}")
+        ax.plot([(a + b) / 2 for a, b, _ in buckets], [v for *_, v in buckets], marker="o", markersize=3,
+                color=d.color(run), label=label)
+        ax.axvline(run.seq_len, color=d.color(run), linestyle=":", linewidth=1.2)
+        d.figure.data[label] = {"step": step, "start": [a for a, _, _ in buckets], "end": [b for _, b, _ in buckets],
+                                "values": [v for *_, v in buckets], "seq_len": run.seq_len}
+    ax.set_xlabel("position in the document (tokens; dotted: the run's training length)")
+    ax.set_ylabel("loss (nats/token)")
+    return d.save(out)
+
+
 def preference(runs: list[Run], out: Path) -> Figure:
     """A preference run's rewards (train.preference.metrics) at its logging steps, and its accuracies:
     the training pairs' and, at the eval's steps, the held-out pairs'."""
@@ -292,4 +345,5 @@ def stragglers(runs: list[Run], out: Path) -> Figure:
 def all_figures(runs: list[Run], out: Path) -> list[Figure]:
     preference_runs = [preference(runs, out)] if any(run.keys("pref/") for run in runs) else []
     return [loss(runs, out), grad_norm(runs, out), throughput(runs, out), memory(runs, out), *evals(runs, out),
-            *preference_runs, data_mix(runs, out), stragglers(runs, out)]
+            validation_lengths(runs, out), position_loss(runs, out), *preference_runs, data_mix(runs, out),
+            stragglers(runs, out)]

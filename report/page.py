@@ -9,9 +9,11 @@ from __future__ import annotations
 import html
 import json
 import math
+from dataclasses import asdict
 from datetime import datetime, timezone
 
 from report.figures import Figure
+from report.phases import Comparison
 from report.runs import Run
 
 STYLE = """
@@ -25,7 +27,8 @@ img { max-width: 100%; border: 1px solid #eee; }
 """
 
 
-def page(runs: list[Run], headers: list[list[tuple[str, str]]], figures: list[Figure]) -> str:
+def page(runs: list[Run], headers: list[list[tuple[str, str]]], figures: list[Figure],
+         phases: list[Comparison]) -> str:
     names = ", ".join(run.name for run in runs)
     parts = [f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{html.escape(names)}</title>",
              f"<style>{STYLE}</style></head><body>", f"<h1>{html.escape(names)}</h1>",
@@ -35,10 +38,41 @@ def page(runs: list[Run], headers: list[list[tuple[str, str]]], figures: list[Fi
         parts.append(f"<h2>{html.escape(run.name)} <span class='note'>{html.escape(str(run.path))}</span></h2>")
         parts.append("<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
                                          for k, v in head) + "</table>")
+    parts += phase_section(phases)
     parts += figure_sections(figures)
-    parts.append(data_script({f.name: f.data for f in figures if f.data}))
+    data = {f.name: f.data for f in figures if f.data}
+    parts.append(data_script({**data, **({"phase_comparison": [asdict(c) for c in phases]} if phases else {})}))
     parts.append("</body></html>\n")
     return "\n".join(parts)
+
+
+def phase_section(phases: list[Comparison]) -> list[str]:
+    """Each phase's short-context numbers before and after it (report.phases), a table each."""
+    if not phases:
+        return []
+    parts = ["<section id='phase_comparison'><h2>phase comparison: the short context before and after each phase "
+             "(Llama 3 moves on once it has recovered)</h2>"]
+    for c in phases:
+        before = f"{c.parent}, step {c.before_step:,}" if c.before_step is not None else f"{c.parent}: no eval"
+        after = f"{c.run}, step {c.after_step:,}" if c.after_step is not None else f"{c.run}: no eval"
+        parts.append(f"<h3>{html.escape(c.run)} after {html.escape(c.parent)} (short context: {c.length:,})</h3>")
+        parts.append(f"<table><tr><th>metric</th><th>before ({html.escape(before)})</th>"
+                     f"<th>after ({html.escape(after)})</th><th>recovered</th></tr>")
+        parts += [f"<tr><td>{html.escape(r['metric'])}</td><td>{_number(r['before'])}</td>"
+                  f"<td>{_number(r['after'])}</td><td>{_yes_no(r['recovered'])}</td></tr>" for r in c.rows]
+        parts.append("</table>")
+        if c.note:
+            parts.append(f"<p class='note'>{html.escape(c.note)}</p>")
+    parts.append("</section>")
+    return parts
+
+
+def _number(value: float | None) -> str:
+    return "—" if value is None else f"{value:.4f}"
+
+
+def _yes_no(recovered: bool | None) -> str:
+    return "—" if recovered is None else ("yes" if recovered else "no")
 
 
 def figure_sections(figures: list[Figure]) -> list[str]:

@@ -42,11 +42,16 @@ class Run:
     evals: dict[int, dict]  # step -> evals/step-N.json
     restarts: list[Restart]
     offset: int = 0  # tokens before step 0 (phase 2 after phase 1)
+    started_from: tuple[Run, int] | None = None  # the listed run and its step this one started from
     notes: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return self.recipe.get("run", {}).get("name") or self.path.name
+
+    @property
+    def seq_len(self) -> int:
+        return self.recipe["training"]["seq_len"]
 
     @property
     def tokens_per_step(self) -> int:
@@ -157,7 +162,7 @@ def restarts(attempts: list[dict], rows: dict[int, dict]) -> list[Restart]:
 
 def continue_runs(runs: list[Run]) -> None:
     """Put a run that started from another listed run's checkpoint (phase 2 from phase 1)
-    after it on the token axis."""
+    after it on the token axis, and remember where it started (the phase comparison's before)."""
     by_path = {r.path.resolve(): r for r in runs}
     for run in runs:
         source = run.recipe.get("checkpoint", {}).get("init_from")
@@ -169,6 +174,7 @@ def continue_runs(runs: list[Run]) -> None:
         if parent is not None and parent is not run:
             at = step if step is not None else (rundir.latest_complete_step(parent.path) or parent.last_step)
             run.offset = int(parent.tokens(at))
+            run.started_from = (parent, at)
 
 
 def header(run: Run) -> list[tuple[str, str]]:

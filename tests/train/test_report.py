@@ -38,14 +38,14 @@ def copy_run(run: Path, dst: Path) -> Path:
     return dst
 
 
-def fake_run(tmp_path: Path, rows: list[dict], steps: int = 10) -> Path:
-    """A run dir as train.py leaves it: the resolved recipe, the model config and a launch record
-    (train.snapshot), and ``rows`` logged through the trainer's MetricsJsonl."""
+def fake_run(tmp_path: Path, rows: list[dict], steps: int = 10, sets: tuple[str, ...] = ()) -> Path:
+    """A run dir as train.py leaves it: the resolved recipe (tiny.toml with ``sets``), the model config and a
+    launch record (train.snapshot), and ``rows`` logged through the trainer's MetricsJsonl."""
     from train.build import model_config
     from train.snapshot import record_launch
 
     recipe = R.load("tiny.toml", [f"run.output_dir={tmp_path / 'run'}", f"training.steps={steps}",
-                                  "schedule.warmup_steps=2"])
+                                  "schedule.warmup_steps=2", *sets])
     record_launch(recipe, model_config(recipe))
     log = MetricsJsonl(recipe.output_dir / METRICS_FILE)
     for row in rows:
@@ -324,3 +324,90 @@ def test_the_header_shows_what_decontamination_dropped_per_source(tmp_path):
     assert dict(header(run))["decontamination"] == (f"{run.recipe['data']['sources'][0]['name']}: humaneval 3, "
                                                    f"mbpp 1,200 documents dropped (12-grams); "
                                                    f"{run.recipe['data']['sources'][1]['name']}: no manifest here")
+
+
+# ---- a long-context phase after its base run -----------------------------------------------------
+
+
+def write_evals(run: Path, evals: dict[int, dict]) -> None:
+    """``evals/step-N.json`` as the eval callback writes them."""
+    (run / "evals").mkdir(exist_ok=True)
+    for step, metrics in evals.items():
+        (run / "evals" / f"step-{step}.json").write_text(json.dumps({"step": step, "metrics": metrics, "errors": []}))
+
+
+def long_phase(tmp_path: Path, base: Path, *sets: str) -> Path:
+    """tiny.toml at 4x its length (512), validated at 128 and 512, started from ``base``'s step-5 checkpoint."""
+    return fake_run(tmp_path, step_rows(range(1, 9)), steps=8, sets=(
+        "run.name=tiny-long", "training.seq_len=512", "model.max_seq_len=512", "eval.val_seq_lens=[128, 512]",
+        "eval.position_buckets=4", f"checkpoint.init_from={base / 'checkpoints' / 'step-5'}", *sets))
+
+
+def by_position(length: int, losses: list[float]) -> dict[str, float]:
+    from eval.position_loss import bucket_edges, position_metric
+
+    edges = bucket_edges(length, len(losses))
+    return {position_metric(a, b): v for a, b, v in zip(edges, edges[1:], losses)}
+
+
+def test_loss_by_position_of_a_base_run_and_its_long_phase_on_one_figure(tmp_path):
+    """Each run's latest eval that has the loss by position, from its evals files; the long phase has no
+    bucket past 256 in its last eval (no token reached it), so none is drawn there."""
+    base = fake_run(tmp_path / "base", step_rows(range(1, 11)), sets=("eval.position_buckets=4",))
+    write_evals(base, {5: by_position(128, [6.0, 5.0, 4.5, 4.4]), 10: by_position(128, [5.5, 4.6, 4.2, 4.1]),
+                       11: {"eval/val_loss": 4.0}})  # a later eval without it: the one before is drawn
+    long = long_phase(tmp_path / "long", base)
+    positions = by_position(512, [5.0, 4.0, 3.5, 3.4])
+    write_evals(long, {4: by_position(512, [9.0, 9.0, 9.0, 9.0]), 8: {k: v for k, v in positions.items()
+                                                                      if not k.endswith("-512")}})
+    data = data_of(write_report([base, long], tmp_path / "report"))["position_loss"]
+    assert data == {"tiny: step 10": {"step": 10, "start": [0, 32, 64, 96], "end": [32, 64, 96, 128],
+                                      "values": [5.5, 4.6, 4.2, 4.1], "seq_len": 128},
+                    "tiny-long: step 8": {"step": 8, "start": [0, 128, 256], "end": [128, 256, 384],
+                                          "values": [5.0, 4.0, 3.5], "seq_len": 512}}
+    assert "no loss by position" in write_report([fake_run(tmp_path / "none", step_rows([1]))]).read_text()
+
+
+def test_the_phase_comparison_shows_the_short_context_before_and_after_the_phase(tmp_path):
+    """The base's last eval by the step the phase started from (step 4 of evals at 4 and 8: it started from
+    step 5) against the phase's last eval, at the base's length: the phase's ``@128`` loss, per set and
+    over all sets, and CORE; a phase that adds a held-out set drops the over-all row; one that did not
+    validate at 128 is told how. The loss at each length is drawn too."""
+    from train.metric_names import VAL_LOSS, at_length, per_set
+
+    def losses(key: str, prose: float, code: float) -> dict[str, float]:
+        return {key: (prose + code) / 2, per_set(key, "prose"): prose, per_set(key, "code"): code}
+
+    base = fake_run(tmp_path / "base", step_rows(range(1, 11)))
+    write_evals(base, {4: {**losses(VAL_LOSS, 4.0, 3.0), "core/CORE_v1": 0.20},
+                       8: {**losses(VAL_LOSS, 3.0, 2.0), "core/CORE_v1": 0.30}})
+    long = long_phase(tmp_path / "long", base)
+    short = at_length(VAL_LOSS, 128, 512)
+    assert short == "eval/val_loss@128"
+    write_evals(long, {4: losses(short, 9.0, 9.0), 8: {**losses(short, 3.9, 3.1), **losses(VAL_LOSS, 3.0, 2.5),
+                                                       "core/CORE_v1": 0.25}})
+    page = write_report([base, long], tmp_path / "report")
+    (comparison,) = data_of(page)["phase_comparison"]
+    assert {k: comparison[k] for k in ("run", "parent", "length", "before_step", "after_step", "note")} == {
+        "run": "tiny-long", "parent": "tiny", "length": 128, "before_step": 4, "after_step": 8, "note": ""}
+    assert comparison["rows"] == [
+        {"metric": "held-out loss at 128", "before": 3.5, "after": 3.5, "recovered": True},
+        {"metric": "held-out loss at 128: code", "before": 3.0, "after": 3.1, "recovered": False},
+        {"metric": "held-out loss at 128: prose", "before": 4.0, "after": 3.9, "recovered": True},
+        {"metric": "core/CORE_v1", "before": 0.20, "after": 0.25, "recovered": True}]
+    assert "<h3>tiny-long after tiny (short context: 128)</h3>" in page.read_text()
+    lengths = data_of(page)["validation_lengths"]  # each run's loss at each length it validated at
+    assert {k: v["values"] for k, v in lengths.items()} == {"tiny: at 128": [3.5, 2.5], "tiny-long: at 128": [9.0, 3.5],
+                                                            "tiny-long: at 512": [2.75]}
+
+    write_evals(long, {8: {**losses(short, 3.9, 3.1), per_set(short, "passkey"): 0.5}})
+    (comparison,) = data_of(write_report([base, long], tmp_path / "report"))["phase_comparison"]
+    assert [r["metric"] for r in comparison["rows"]] == ["held-out loss at 128: code", "held-out loss at 128: prose"]
+
+    unvalidated = long_phase(tmp_path / "unvalidated", base, "eval.val_seq_lens=[]")
+    write_evals(unvalidated, {8: losses(VAL_LOSS, 3.0, 2.5)})
+    (comparison,) = data_of(write_report([base, unvalidated], tmp_path / "report"))["phase_comparison"]
+    assert comparison["note"] == ("tiny-long's last eval has no held-out loss at 128, the length tiny trained at: "
+                                  "add 128 to its [eval] val_seq_lens")
+    assert [r["after"] for r in comparison["rows"]] == [None, None, None]
+    assert "phase_comparison" not in data_of(write_report([base], tmp_path / "alone"))

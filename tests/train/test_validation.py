@@ -1,6 +1,7 @@
 """Every check before anything is written (train.build.preflight): each problem is
 reported as ``file: [table] key: why``; train.py then exits 2 with no run dir, and
-``--dry-run`` gives the same verdict."""
+``--dry-run`` gives the same verdict. Then validation at several lengths (``[eval]
+val_seq_lens``): each length scores the same held-out tokens, against torch's own loss."""
 
 import os
 import subprocess
@@ -226,3 +227,69 @@ def test_srun_without_torchrun_is_refused_before_anything_is_written(tmp_path):
     assert "4 SLURM tasks started train.py without torchrun" in result.stderr
     assert "python -m launch.slurm submit" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+# ---- [eval] val_seq_lens and position_buckets -------------------------------------------------
+
+
+@pytest.mark.parametrize("override, message", [
+    # a type is checked by the loader, which names the --set; a value by EvalSpec, named with the file
+    ("eval.val_seq_lens=[4096, 1.5]", "--set {override} (over {file}): [eval] val_seq_lens[1]: expected int, got 1.5"),
+    ('eval.val_seq_lens="4096"', "--set {override} (over {file}): [eval] val_seq_lens: expected list, got '4096'"),
+    ("eval.val_seq_lens=[4096, 0]", "{file}: [eval] val_seq_lens: every length must be > 0 (got [4096, 0])"),
+    ("eval.position_buckets=-1", "{file}: [eval] position_buckets: must be >= 0 (got -1; 0: none)"),
+])
+def test_validation_lengths_and_buckets_are_checked_with_the_recipe(tmp_path, override, message):
+    with pytest.raises(R.RecipeError) as e:
+        tiny(tmp_path, override)
+    assert str(e.value) == message.format(override=override, file=REPO / "recipes" / "tiny.toml")
+
+
+def test_the_run_s_own_length_is_always_validated(tmp_path):
+    assert tiny(tmp_path).eval.spec().lengths(128) == [128]
+    assert tiny(tmp_path, "eval.val_seq_lens=[512, 64, 128]").eval.spec().lengths(128) == [64, 128, 512]
+    assert tiny(tmp_path, "eval.val_seq_lens=[512]").eval.spec().lengths(128) == [128, 512]
+
+
+def test_each_length_validates_the_same_tokens_with_its_own_context(tmp_path):
+    """A run at 64 validating at 32 and 128 too: each set's first 4 x 64 tokens, cut into 8 rows of 32, 4 of
+    64 and 2 of 128; each length's loss against torch's cross-entropy of the model's logits on those rows,
+    named by train.metric_names.at_length (the run's own length keeps the plain names); the position
+    buckets span the longest length."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from data.mixture import IGNORE_INDEX
+    from eval.position_loss import bucket_of, position_metric
+    from tests.data.test_held_out_split import write_source
+    from tests.eval.test_position_loss import SEQ_LEN, callback_validation, documents, mixture, tiny_model
+    from train.metric_names import VAL_BPB, VAL_LOSS, at_length, per_set
+
+    sets = {"plain": str(write_source(tmp_path / "plain", [documents(40, 1, 150)])),
+            "masked": str(write_source(tmp_path / "masked", [documents(40, 2, 150)], loss=True))}
+    model = tiny_model()
+    got = callback_validation(model, sets, val_samples=4, val_seq_lens=[128, 32], position_buckets=4)
+    assert [k for k in got if bucket_of(k)] == [position_metric(a, a + 32) for a in (0, 32, 64, 96)]
+    assert {k: got[k] for k in got if not bucket_of(k)} == pytest.approx(callback_validation(
+        model, sets, val_samples=4, val_seq_lens=[128, 32]))  # buckets add names, change no number
+
+    for length, rows in ((32, 8), (SEQ_LEN, 4), (128, 2)):
+        nats = tokens = 0.0
+        for name, path in sets.items():
+            batch = {k: torch.from_numpy(v) for k, v in mixture(name, path, length).batch(np.arange(rows)).items()}
+            with torch.no_grad():
+                logits = model(batch["input_ids"], positions=batch["positions"])
+            labels = batch["labels"]
+            own = mixture(name, path, SEQ_LEN).batch(np.arange(4))["labels"]  # the run's length: 4 rows of 64
+            assert labels.flatten().tolist() == own.flatten().tolist()
+            set_nats = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum").item()
+            set_tokens = (labels != IGNORE_INDEX).sum().item()
+            loss = got[per_set(at_length(VAL_LOSS, length, SEQ_LEN), name)]
+            assert loss == pytest.approx(set_nats / set_tokens, rel=1e-6)
+            assert per_set(at_length(VAL_BPB, length, SEQ_LEN), name) in got
+            nats, tokens = nats + set_nats, tokens + set_tokens
+        assert got[at_length(VAL_LOSS, length, SEQ_LEN)] == pytest.approx(nats / tokens, rel=1e-6)
+    assert at_length(VAL_LOSS, SEQ_LEN, SEQ_LEN) == VAL_LOSS and at_length(VAL_LOSS, 32, SEQ_LEN) == "eval/val_loss@32"
+    assert per_set(at_length(VAL_LOSS, 128, SEQ_LEN), "plain") == "eval/val_loss@128/plain"
+    assert len({got[at_length(VAL_LOSS, n, SEQ_LEN)] for n in (32, SEQ_LEN, 128)}) == 3  # the context differs

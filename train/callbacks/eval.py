@@ -3,7 +3,10 @@
 Validation loss and bits-per-byte on every held-out set (each source's
 held-out documents, data.held_out, and any ``[eval] val_sources``), per set
 and as their token-weighted mean, over the tokens training learns from (chat
-sources' masked labels are left out, as in the training loss); DCLM CORE on a bundle, lm-eval tasks, and a small EvalPlus
+sources' masked labels are left out, as in the training loss), at the run's
+length and each ``[eval] val_seq_lens``, with the loss by position in the
+document at the longest (``[eval] position_buckets``, eval.position_loss);
+DCLM CORE on a bundle, lm-eval tasks, and a small EvalPlus
 subset (HumanEval+/MBPP+, e.g. during SFT). Then, in a preference run with held-out pairs
 (``[preference] held_out``), those pairs: ``eval/pref_loss`` and ``eval/pref_accuracy`` (the share of
 pairs whose chosen reward beats the rejected one), also before step 1 (logged as step 0, not on
@@ -33,17 +36,17 @@ from typing import cast
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
 import rundir
 from data.mixture import IGNORE_INDEX, Mixture, SourceSpec
+from eval.position_loss import bucket_edges, bucket_losses, bucket_sums, token_nats, validation_rows
 from eval.spec import EvalSpec
 from train.callbacks.callback import Callback, PreferenceTrainerView, TrainerView
 from health.phases import Phase
-from train.metric_names import VAL_BPB, VAL_LOSS, per_set
+from train.metric_names import VAL_BPB, VAL_LOSS, at_length, per_set
 from train.preference.metrics import EVAL_ACCURACY, EVAL_LOSS
 from train.preference.reference import pair_logps
 
@@ -57,17 +60,6 @@ def token_bytes(sp) -> np.ndarray:
         elif not (sp.is_control(i) or sp.is_unknown(i)):
             sizes[i] = len(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
     return sizes
-
-
-def validation_rows(val_samples: int, micro: int, world: int, rank: int) -> list[np.ndarray]:
-    """``rank``'s rows of a held-out set, batch by batch: samples 0 .. val_samples - 1 dealt out
-    ``micro`` to a rank in turn, -1 for a padding row. Every rank runs as many forwards of ``micro``
-    rows as the busiest (FSDP gathers its weights in every forward; a compiled model keeps one shape),
-    so rows past val_samples are padding, left out of the loss: the scored samples, and so the loss,
-    are the same on any number of ranks and any micro batch."""
-    per_step = world * micro
-    rows = [b * per_step + rank * micro + np.arange(micro) for b in range(math.ceil(val_samples / per_step))]
-    return [np.where(r < val_samples, r, -1) for r in rows]
 
 
 class Eval(Callback[TrainerView], Configurable):
@@ -85,7 +77,7 @@ class Eval(Callback[TrainerView], Configurable):
 
     def __init__(self, config: Config, trainer: TrainerView):
         self.config = config
-        self._val: dict[str, Mixture] | None = None
+        self._val: dict[int, dict[str, Mixture]] = {}  # length -> each held-out set at it, opened once
         self.parts: dict[str, Callable[[TrainerView], dict[str, float]]] = \
             {"validation": self.validation} if config.val_sets else {}
         self.parts.update({name: self._benchmark(spec) for name, spec in config.spec.benchmarks().items()})
@@ -148,40 +140,74 @@ class Eval(Callback[TrainerView], Configurable):
             out.write_text(json.dumps({"step": step, "metrics": results, "errors": errors}, indent=2) + "\n")
 
     def validation(self, trainer: TrainerView) -> dict[str, float]:
-        """Mean loss (nats/token) and bits per byte over the first val_samples samples of each held-out
-        set, per set and over all of them (weighted by each set's tokens)."""
-        seq_len, micro = trainer.config.training.seq_len, trainer.config.training.local_batch_size
-        tokenizer = trainer.tokenizer.tokenizer
-        if self._val is None:  # each set on its own: a one-source mixture, read from its start
-            self._val = {name: Mixture([SourceSpec(name=name, path=path, weight=1.0, max_epochs=1e9)], seq_len, seed=0,
-                                       expected_fingerprint=tokenizer.fingerprint,
-                                       expected_vocab_size=tokenizer.vocab_size)
-                         for name, path in self.config.val_sets.items()}
-            self._bytes = torch.from_numpy(token_bytes(tokenizer.sp))
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        totals = torch.zeros(len(self._val), 3, dtype=torch.float64)  # per set: nats, tokens, bytes
-        for i, val in enumerate(self._val.values()):
-            for rows in validation_rows(self.config.spec.val_samples, micro, world, rank):
-                padding = torch.from_numpy(rows < 0)
-                batch = val.batch(np.maximum(rows, 0))  # a padding row reads sample 0 again, scored for nothing
-                labels = torch.from_numpy(batch["labels"]).masked_fill(padding[:, None], IGNORE_INDEX)
-                logits = trainer.model_parts[0](
-                    torch.from_numpy(batch["input_ids"]).to(trainer.device),
-                    positions=torch.from_numpy(batch["positions"]).to(trainer.device))
-                nats = F.cross_entropy(logits.float().flatten(0, 1), labels.to(trainer.device).flatten(),
-                                       reduction="sum")
-                kept = labels != IGNORE_INDEX  # cross_entropy skips these too (its default ignore_index)
-                totals[i] += torch.tensor([float(nats), int(kept.sum()), float(self._bytes[labels[kept]].sum())],
-                                          dtype=torch.float64)
+        """Mean loss (nats/token) and bits per byte of each held-out set, per set and over all of them
+        (weighted by each set's tokens), at the run's seq_len and at each ``[eval] val_seq_lens`` length
+        (train.metric_names.at_length); with ``[eval] position_buckets``, the loss by position at the
+        longest (eval.position_loss). Each rank sums its rows; the sums are added over ranks, then divided."""
+        spec, seq_len = self.config.spec, trainer.config.training.seq_len
+        lengths = spec.lengths(seq_len)
+        edges = bucket_edges(lengths[-1], spec.position_buckets) if spec.position_buckets else None
+        totals = torch.zeros(len(lengths), len(self.config.val_sets), 3, dtype=torch.float64)  # nats, tokens, bytes
+        positions = torch.zeros(2, spec.position_buckets, dtype=torch.float64)  # nats, tokens per bucket
+        for i, length in enumerate(lengths):
+            for j, val in enumerate(self.held_out_sets(trainer, length).values()):
+                at_longest = edges if length == lengths[-1] else None
+                totals[i, j], by_position = self.score_set(trainer, val, length, at_longest)
+                positions += by_position
         if dist.is_initialized():
             dist.all_reduce(totals)
+            dist.all_reduce(positions)
+        results = {k: v for length, sets in zip(lengths, totals) for k, v in self.named(sets, length, seq_len).items()}
+        return {**results, **(bucket_losses(positions, edges) if edges else {})}
+
+    def held_out_sets(self, trainer: TrainerView, length: int) -> dict[str, Mixture]:
+        """Each held-out set as rows of ``length``: a one-source mixture, read from its start (opened once)."""
+        tokenizer = trainer.tokenizer.tokenizer
+        if length not in self._val:
+            self._val[length] = {name: Mixture([SourceSpec(name=name, path=path, weight=1.0, max_epochs=1e9)], length,
+                                               seed=0, expected_fingerprint=tokenizer.fingerprint,
+                                               expected_vocab_size=tokenizer.vocab_size)
+                                 for name, path in self.config.val_sets.items()}
+            self._bytes = torch.from_numpy(token_bytes(tokenizer.sp))
+        return self._val[length]
+
+    def score_set(self, trainer: TrainerView, val: Mixture, length: int,
+                  edges: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's sums over one held-out set's rows of ``length``: (nats, tokens, bytes), and with
+        ``edges`` (nats, tokens) per position bucket (else zeros). Every length scores the same tokens,
+        the first val_samples x seq_len of the set (rounded up to whole rows), micro_batch x seq_len
+        tokens a forward: what differs between lengths is only the context each token is predicted from."""
+        t = trainer.config.training
+        rows_per_forward = max(1, t.local_batch_size * t.seq_len // length)
+        samples = math.ceil(self.config.spec.val_samples * t.seq_len / length)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        sums = torch.zeros(3, dtype=torch.float64)
+        by_position = torch.zeros(2, self.config.spec.position_buckets, dtype=torch.float64)
+        for rows in validation_rows(samples, rows_per_forward, world, rank):
+            padding = torch.from_numpy(rows < 0)
+            batch = val.batch(np.maximum(rows, 0))  # a padding row reads sample 0 again, scored for nothing
+            labels = torch.from_numpy(batch["labels"]).masked_fill(padding[:, None], IGNORE_INDEX)
+            positions = torch.from_numpy(batch["positions"])
+            logits = trainer.model_parts[0](torch.from_numpy(batch["input_ids"]).to(trainer.device),
+                                            positions=positions.to(trainer.device))
+            nats = token_nats(logits, labels.to(trainer.device)).double().cpu()
+            kept = labels != IGNORE_INDEX
+            sums += torch.tensor([nats.sum().item(), kept.sum().item(), self._bytes[labels[kept]].sum().item()],
+                                 dtype=torch.float64)
+            if edges:
+                by_position += bucket_sums(nats, labels, positions, edges)
+        return sums, by_position
+
+    def named(self, totals: torch.Tensor, length: int, seq_len: int) -> dict[str, float]:
+        """One length's metrics from its summed (nats, tokens, bytes) per set: per set, then over all sets."""
+        loss, bpb = at_length(VAL_LOSS, length, seq_len), at_length(VAL_BPB, length, seq_len)
         results = {}
-        for name, (nats, tokens, nbytes) in zip(self._val, totals.tolist()):
-            results[per_set(VAL_LOSS, name)] = nats / tokens
-            results[per_set(VAL_BPB, name)] = nats / math.log(2) / nbytes
+        for name, (nats, tokens, nbytes) in zip(self.config.val_sets, totals.tolist()):
+            results[per_set(loss, name)] = nats / tokens
+            results[per_set(bpb, name)] = nats / math.log(2) / nbytes
         nats, tokens, nbytes = totals.sum(0).tolist()
-        return {VAL_LOSS: nats / tokens, VAL_BPB: nats / math.log(2) / nbytes, **results}
+        return {loss: nats / tokens, bpb: nats / math.log(2) / nbytes, **results}
 
     def _benchmark(self, spec: EvalSpec) -> Callable[[TrainerView], dict[str, float]]:
         """Scores ``spec`` (one benchmark) on the training model, through eval.suite."""
