@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.gpu_check [--out gpu_check.json]   # one H100/H200, < 8 min
     .venv/bin/python -m bench.gpu_check --cpu-check              # the same code path, tiny, CPU fp32
 
-Four checks, a table, and ``gpu_check.json``:
+Five checks, a table, and ``gpu_check.json``:
 
 1. attention: FlexAttention (torchtitan's kernel, as the model runs it) against
    the dense-mask reference (``DenseMaskFlexAttention``: SDPA over the
@@ -22,13 +22,17 @@ Four checks, a table, and ``gpu_check.json``:
    production path), beside the planner's ``peak memory per GPU`` as a ratio.
    The planner runs in subprocesses on the CPU while the GPU works.
 4. ``bench.lanes_vs_dense`` at the 100M shape, compiled (its ratio).
+5. context parallelism: one training step of the tiny flavor with CP 2 (flex, NCCL, 2 GPUs) equals
+   CP 1: logits, gradients and the logits after one AdamW step, with window and document masks
+   cut by the slices (``tests/models/context_parallel_ranks.py``, which the CPU test runs with gloo).
+   It needs 2 GPUs (NCCL takes one rank a GPU): on one it is reported as skipped.
 
 On a machine without a GPU it says that nothing was checked and exits 1. ``--cpu-check`` runs
 every check on the tiny flavor on CPU in fp32 at small sizes, to test the
 script: flex has no CPU backward, so check 1 runs forward only, and check 3
 trains eagerly through ``bench.common`` (``bench.gpu_throughput`` is GPU only)
-beside the planner's real output for the tiny recipe. Its numbers mean
-nothing. Exit code 1 when a check fails.
+beside the planner's real output for the tiny recipe; check 5 runs on 2 gloo ranks
+with the dense-mask kernel. Its numbers mean nothing. Exit code 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from models.laneformer import laneformer_configs
 from rundir import REPO
 from plan.gpus import gpu_for_device
 
+CONTEXT_PARALLEL_RANKS = REPO / "tests" / "models" / "context_parallel_ranks.py"
 
 
 @dataclasses.dataclass
@@ -266,6 +271,17 @@ def check_lanes_vs_dense(sizes: Sizes, cpu: bool) -> dict:
             "ratio": ratio, "target": lanes_vs_dense.TARGET, "ok": cpu or ratio <= lanes_vs_dense.TARGET}
 
 
+def check_context_parallel(cpu: bool) -> dict:
+    """Check 5: CP 2 equals CP 1 on the tiny flavor, by the CPU test's own 2-rank script."""
+    gpus = torch.cuda.device_count()
+    if not cpu and gpus < 2:
+        return {"result": f"skipped: needs 2 GPUs, found {gpus}", "ok": None}
+    run = subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "2",
+                          str(CONTEXT_PARALLEL_RANKS)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    ok = run.returncode == 0 and "CP OK" in run.stdout
+    return {"result": "equal: logits, gradients, one step" if ok else (run.stdout + run.stderr)[-3000:], "ok": ok}
+
+
 def gpu_kind(device_name: str) -> str:
     """The planner's --gpu name for a CUDA device name (h100 when unknown)."""
     return gpu_for_device(device_name) or "h100"
@@ -275,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="gpu_check.json", help="where to write the JSON report")
     p.add_argument("--cpu-check", action="store_true", help="run the code path on CPU (tiny, fp32, toy sizes)")
-    p.add_argument("--checks", default="1,2,3,4", help="which checks to run (1 attention, 2 training, 3 2B, 4 lanes)")
+    p.add_argument("--checks", default="1,2,3,4,5",
+                   help="which checks to run (1 attention, 2 training, 3 2B, 4 lanes, 5 context parallel)")
     args = p.parse_args(argv)
     cpu = args.cpu_check
     if not cpu and not torch.cuda.is_available():
@@ -293,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         "1": ("attention", lambda: check_attention(sizes, dev)),
         "2": ("training", lambda: [check_training(f, sizes, dev) for f in sizes.train_flavors]),
         "4": ("lanes_vs_dense", lambda: check_lanes_vs_dense(sizes, cpu)),
+        "5": ("context_parallel", lambda: check_context_parallel(cpu)),
         "3": ("big", lambda: check_big(sizes, gpu, sweep, cpu)),
     }
     for number, (key, check) in checks.items():
@@ -302,8 +320,8 @@ def main(argv: list[str] | None = None) -> int:
             report["seconds_per_check"][key] = time.perf_counter() - start
     report["seconds"] = time.perf_counter() - t0
     results = [*report.get("attention", []), *report.get("training", []), report.get("lanes_vs_dense"),
-               report.get("big")]
-    report["ok"] = all(r["ok"] for r in results if r is not None)
+               report.get("big"), report.get("context_parallel")]
+    report["ok"] = all(r["ok"] for r in results if r is not None and r["ok"] is not None)  # None: skipped
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(summary(report))
     print(f"wrote {args.out}; {'PASS' if report['ok'] else 'FAIL'} in {report['seconds']:.0f} s")
@@ -337,6 +355,10 @@ def summary(report: dict) -> str:
     if lv:
         rows.append({"check": f"4 lanes/dense {lv['flavor']} compiled",
                      "result": f"{lv['ratio']:.2f}x (target <= {lv['target']}x)", "ok": lv["ok"]})
+    cp = report.get("context_parallel")
+    if cp:
+        rows.append({"check": "5 context parallel 2 vs 1", "result": cp["result"].strip().splitlines()[-1],
+                     "ok": "skipped" if cp["ok"] is None else cp["ok"]})
     return f"gpu_check on {report['device']}\n" + common.table(rows, ["check", "result", "ok"])
 
 

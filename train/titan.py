@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+import torchtitan.distributed.context_parallel as tt_cp
 import torchtitan.tools.utils as tt_utils
 from rundir import STEP_DIR, checkpoint_of, is_complete, step_number
 from torchtitan.components.checkpointer import CheckpointManager
@@ -67,6 +68,14 @@ TORCHTITAN_API = {
     (Trainer, "forward_backward_step"): "(self, *, input_dict: dict[str, torch.Tensor] | list[dict[str, "
     "torch.Tensor]], labels: torch.Tensor | list[torch.Tensor], global_valid_tokens: torch.Tensor) -> torch.Tensor",
     (Trainer, "batch_generator"): None,  # overridden and called through
+    # overridden and called through: under context parallelism the trainer adds the masks of the whole sequence
+    # (Laneformer.attention_masks) before torchtitan's slices them with the batch (prepare_context_parallel_input)
+    (Trainer, "post_dataloading_process"): "(self, input_dict: dict[str, torch.Tensor], labels: torch.Tensor) -> "
+    "tuple[torch.Tensor, torch.Tensor, dict[str, typing.Any]]",
+    (tt_cp, "prepare_context_parallel_input"): "(inputs: torch.Tensor, labels: torch.Tensor, extra_kwargs: "
+    "dict[str, typing.Any], cp_mesh: torch.distributed.device_mesh.DeviceMesh, device: torch.device, "
+    "load_balancer_type: str | None = 'headtail', ptrr_mask_key: str | None = None) -> tuple[torch.Tensor, "
+    "torch.Tensor, dict[str, typing.Any]]",
     # train.preference.trainer: one micro batch's forward, loss and backward, with the preference loss
     (Trainer, "_forward_backward_body"): "(self, inputs: torch.Tensor, labels: torch.Tensor, global_valid_tokens: "
     "torch.Tensor, extra_kwargs: dict[str, typing.Any]) -> torch.Tensor",

@@ -21,6 +21,11 @@ Before the first step: the checkpoint load, a preference run's reference pass
 exception. What runs at each point, in which phase and with which priority: the README's "One step,
 in order" table, built from ``train.callbacks``. What this changes of torchtitan itself is
 ``train.titan``.
+
+Under context parallelism (``[parallel] context_parallel``) torchtitan slices each micro batch over the CP
+ranks (``post_dataloading_process``, after the model's masks of the whole sequence are added), each CP
+rank's loss is its slice's share, and the step's global loss and the largest data-parallel rank's loss are
+summed over the CP ranks first.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from train.callbacks.callback import Callbacks
 from train.callbacks.spike_guard import SpikeGuard
 from health.heartbeat import Heartbeat
 from health.phases import Phase
+from models.laneformer import Laneformer
 from train.titan import GuardedOptimizers
 
 CALLBACKS_KEY = "callbacks"  # the callbacks' state in the trainer's checkpoint state (train.callbacks.callback)
@@ -127,8 +133,9 @@ class LaneformerTrainer(Trainer):
                         [p for m in self.model_parts for p in m.parameters()], config.training.max_norm,
                         foreach=True, ep_enabled=self.parallel_dims.ep_enabled)
                     self.grad_norm, self.step_loss = grad_norm, loss
-                    if self.parallel_dims.dp_enabled:  # the step's global loss, on the device
-                        self.step_loss = dist_utils.dist_sum_tensor(loss, self.parallel_dims.get_mesh("batch"))
+                    if self.parallel_dims.dp_cp_enabled:  # the step's global loss, on the device: the sum
+                        # over data-parallel ranks and, under CP, over the slices of each one's sequences
+                        self.step_loss = dist_utils.dist_sum_tensor(loss, self.parallel_dims.get_mesh("loss"))
                     self.callbacks.call("pre_optim_step", self)
 
                     self.enter(Phase.OPTIMIZER)  # the update is optimizer time, whatever phase came before
@@ -167,6 +174,26 @@ class LaneformerTrainer(Trainer):
             batch = next(batches)  # torchtitan's generator raises its own error when the data runs out
             self.data_wait_s += time.perf_counter() - start
             yield batch
+
+    def post_dataloading_process(self, input_dict: dict[str, torch.Tensor], labels: torch.Tensor
+                                 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """torchtitan's, which under context parallelism slices the batch over the CP ranks
+        (``prepare_context_parallel_input``, head-tail order); first, under CP, the model's masks of the
+        whole sequence (``Laneformer.attention_masks``: window and document), passed to the model as
+        ``attention_masks`` and sliced with the tokens, so that a rank's queries keep their windows and
+        documents across the slices (a mask built on a slice would restart both at its edge). torchtitan
+        builds masks only for its own ``Decoder``. Without CP the model builds them in its forward."""
+        if self.parallel_dims.cp_enabled:
+            tokens = input_dict["input"]
+            # CP slices positions too (its RoPE and document masks need the whole sequence's)
+            positions = input_dict.get("positions")
+            if positions is None:
+                positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+            model = cast(Laneformer, self.model_parts[0])
+            # a dict of BlockMasks among the tensors: torchtitan's hook types every entry as one
+            input_dict = {**input_dict, "positions": positions,
+                          "attention_masks": cast(torch.Tensor, model.attention_masks(tokens, positions))}
+        return super().post_dataloading_process(input_dict, labels)
 
     def forward_backward(self, batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """torchtitan's ``forward_backward_step`` on each micro batch, each loss normalised by the step's
@@ -209,9 +236,14 @@ class LaneformerTrainer(Trainer):
             return
         if self.parallel_dims.dp_cp_enabled:
             mesh = self.parallel_dims.get_optional_mesh("loss")
+            rank_loss = loss  # this data-parallel rank's loss over the step's tokens
+            if self.parallel_dims.cp_enabled:  # each CP rank holds its slice's share of it (torchtitan's max
+                # is of the shares: a CP rank's loss over its whole sequence's tokens)
+                rank_loss = dist_utils.dist_sum_tensor(loss, self.parallel_dims.get_mesh("cp"))
             global_avg_loss, global_max_loss, global_ntokens_seen = (
                 dist_utils.dist_sum(loss, mesh),
-                dist_utils.dist_max(loss * global_tokens / local_tokens, mesh),  # this rank's mean token loss
+                # a data-parallel rank's mean token loss (local_tokens: its tokens, whole sequences)
+                dist_utils.dist_max(rank_loss * global_tokens / local_tokens, mesh),
                 dist_utils.dist_sum(torch.tensor(self.ntokens_seen, dtype=torch.int64, device=self.device), mesh),
             )
         else:

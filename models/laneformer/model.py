@@ -524,9 +524,14 @@ class Laneformer(BaseModel):
             masks[window] = build(and_masks(*mods), B, None, S, S, device=tokens.device)
         return masks
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                attention_masks: dict | None = None) -> torch.Tensor:
+        """Logits of ``tokens`` (``[B, S]``). ``attention_masks``: what ``attention_masks`` returns (window ->
+        mask), given when they were built elsewhere: under context parallelism the trainer builds them on
+        the whole sequence and torchtitan slices them with the tokens (``LaneformerTrainer.
+        post_dataloading_process``); None: built here from ``tokens`` and ``positions``."""
         cfg = self.config
-        masks = self.attention_masks(tokens, positions)
+        masks = self.attention_masks(tokens, positions) if attention_masks is None else attention_masks
         h = self.tok_embeddings(tokens)
         x = h.unsqueeze(2).expand(-1, -1, cfg.n_lanes, -1)
         # in_flight[i] holds what layer i sent: (attention, mlp) sums over the other lanes.

@@ -1,6 +1,7 @@
-"""Activation checkpointing, then torch.compile per block, then FSDP2 (or HSDP) per block.
+"""Context parallelism, then activation checkpointing, then torch.compile per block, then FSDP2 (or HSDP)
+per block.
 
-Reuses torchtitan's AC and compile unchanged. Laneformer needs no tensor or
+Reuses torchtitan's CP, AC and compile unchanged. Laneformer needs no tensor or
 pipeline parallelism (its lanes are the tensor axis, kept inside one replica
 for training), so it runs on torchtitan's ``partial_dtensor`` backend, which
 shards with plain FSDP2 and needs no per-parameter sharding declarations.
@@ -10,6 +11,16 @@ With ``parallelism.data_parallel_replicate_degree`` > 1 the mesh is torchtitan's
 HSDP) and all-reduces gradients across replicas; ``fsdp_reshard_after_forward``
 is torchtitan's policy. When gradients are reduced during accumulation is the
 trainer's switch (``LaneformerTrainer._reduce_grads_now``).
+
+With ``parallelism.context_parallel_degree`` > 1 (CP) each rank of a ``cp`` group holds a slice of
+every sequence, in torchtitan's head-tail order. CP is torchtitan's ``partial_dtensor`` path for
+FlexAttention (``apply_cp_to_forward``, as its llama3): each attention gathers the whole sequence's
+keys and values and runs on its own queries, under a BlockMask that torch rebuilt for them from the
+model's ``mask_mod`` (``_create_cp_block_mask``), so window and document masks hold across the
+slices. The CPU kernel (``DenseMaskFlexAttention``) is a FlexAttention and reads the same rebuilt
+``mask_mod``. The masks are built from the whole sequence before the batch is sliced
+(``Laneformer.attention_masks``, passed as ``attention_masks``). FSDP shards over ``dp_shard x cp``
+(torchtitan's ``fsdp`` mesh), so gradients are summed over the slices too.
 
 FSDP follows torchtitan's ``apply_fsdp_to_decoder`` for a dense decoder
 (embeddings, blocks, norm + head together, then the root; gradient division
@@ -31,6 +42,7 @@ from torchtitan.config import TORCH_DTYPE_MAP, CompileConfig, ParallelismConfig,
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig
 from torchtitan.distributed.compile import apply_compile
+from torchtitan.distributed.context_parallel import apply_cp_to_forward
 from torchtitan.distributed.fsdp import disable_fsdp_gradient_division, get_fsdp_reshard_after_forward_policy
 
 from .model import Laneformer
@@ -51,6 +63,9 @@ def parallelize_laneformer(
             "Laneformer runs with parallelism.spmd_backend='partial_dtensor' "
             f"(got {parallelism.spmd_backend!r})"
         )
+    if parallel_dims.cp_enabled:
+        apply_cp_to_forward([block.attention.inner_attention for block in model.layers.values()],
+                            parallel_dims.get_mesh("cp"))
     if ac_config is not None:
         ac_config.build(dump_folder=dump_folder).apply(model)
     if compile_config.enable and "model" in compile_config.components:

@@ -37,6 +37,14 @@ def test_names_the_planners_gpu_kind():
     assert gpu_check.gpu_kind("Some Future GPU") == "h100"
 
 
+@cpu_only
+def test_context_parallel_check_is_skipped_not_passed_without_two_gpus():
+    assert gpu_check.check_context_parallel(cpu=False) == {"result": "skipped: needs 2 GPUs, found 0", "ok": None}
+    row = gpu_check.summary({"device": "x", "context_parallel": {"result": "skipped: needs 2 GPUs, found 1",
+                                                                  "ok": None}})
+    assert "5 context parallel 2 vs 1" in row and "skipped" in row
+
+
 @pytest.mark.slow
 def test_cpu_check_writes_every_field(tmp_path):
     out = tmp_path / "gpu_check.json"
@@ -56,6 +64,8 @@ def test_cpu_check_writes_every_field(tmp_path):
     assert big["predicted_peak_gib"] > 0, big.get("planner_output_tail")
     # 4: the lanes/dense ratio.
     assert math.isfinite(report["lanes_vs_dense"]["ratio"]) and report["lanes_vs_dense"]["ratio"] > 0
+    # 5: CP 2 equals CP 1 (2 gloo ranks).
+    assert report["context_parallel"]["ok"] is True, report["context_parallel"]["result"]
     # Every check above holds on CPU (the lanes/dense target is a GPU's), so the verdict is PASS.
     assert report["ok"] is True and result.returncode == 0, result.stdout[-2000:]
     assert "PASS" in result.stdout.splitlines()[-1]

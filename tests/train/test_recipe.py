@@ -115,6 +115,17 @@ def test_the_data_parallel_layout_must_divide_the_world_and_names_its_key(tmp_pa
             R.load(path, sets)
 
 
+def test_context_parallel_is_refused_in_a_preference_run_and_divides_the_world_before_the_layout():
+    """The rest of ``[parallel] context_parallel``'s checks: tests/models/test_context_parallel.py."""
+    cp = ["parallel.context_parallel=2", "training.seq_len=256", "eval.every=0", "eval.at_end=false"]
+    with pytest.raises(R.RecipeError, match=r"tiny-dpo.toml: \[parallel\] context_parallel: 2 in a preference run"):
+        R.load("tiny-dpo.toml", cp)
+    recipe = R.load("tiny.toml", [*cp, "parallel.shard=2"])
+    assert R.dp_degrees(recipe, 4) == (1, 2) and R.check_world(recipe, 4) == 2
+    with pytest.raises(R.RecipeError, match=r"\[parallel\] shard, replicate: 2 x 1 is not the 4 ranks$"):
+        R.dp_degrees(recipe, 8)  # 8 ranks over CP 2: 4 data-parallel ranks
+
+
 def test_the_layout_reaches_torchtitan_and_the_trainer(monkeypatch):
     from train.build import trainer_config
 

@@ -135,6 +135,9 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
             data_parallel_replicate_degree=p.replicate if p.replicate != -1 else
             dp_degrees(recipe, int(os.environ.get("WORLD_SIZE", 1)))[0],
             fsdp_reshard_after_forward=p.reshard_after_forward,
+            # torchtitan's CP, head-tail order; the masks are built before it slices the batch
+            # (LaneformerTrainer.post_dataloading_process)
+            context_parallel_degree=p.context_parallel,
             spmd_backend="partial_dtensor",
         ),
         compile=CompileConfig(enable=p.compile, components=["model"]),

@@ -66,7 +66,34 @@ def resolve(recipe: Recipe) -> None:
         recipe.preference.check(t)
     except TableError as err:
         fail(err.table, str(err))
+    check_context_parallel(recipe)
     recipe.validation_sets = validation_sets(recipe)
+
+
+# torch's CP BlockMask (torch.distributed.tensor.experimental._attention._create_cp_block_mask) is rebuilt
+# for a rank's queries in blocks of 128 tokens: each of the 2 x CP head-tail chunks needs whole blocks.
+CP_BLOCK = 128
+
+
+def check_context_parallel(recipe: Recipe) -> None:
+    """What ``[parallel] context_parallel`` > 1 asks of the other tables, refused at load rather than as
+    torch's error (or an eval's shape error) at the first step: a ``seq_len`` that CP's block mask can cut,
+    no in-loop evaluation (the evals run the whole sequence through a model whose attention gathers the
+    other CP ranks' keys), no preference run (its forward and reference pass do not slice the batch)."""
+    cp, t, e = recipe.parallel.context_parallel, recipe.training, recipe.eval
+    if cp == 1:
+        return
+    where = f"{recipe.path}: [parallel] context_parallel: {cp}"
+    if t.seq_len % (cp * CP_BLOCK):
+        raise RecipeError(f"{where} needs [training] seq_len ({t.seq_len}) to be a multiple of {cp} x {CP_BLOCK} "
+                          f"(torch's context-parallel block mask cuts each rank's share in blocks of {CP_BLOCK})")
+    if e.every or e.at_end:
+        raise RecipeError(f"{where} with in-loop evaluation ([eval] every, at_end): the evals do not cut their "
+                          f"sequences over the CP ranks; set [eval] every = 0 and at_end = false and evaluate "
+                          f"the checkpoints afterwards (python -m eval)")
+    if recipe.preference.loss is not None:
+        raise RecipeError(f"{where} in a preference run ([preference] loss = {recipe.preference.loss!r}): its "
+                          f"forward and reference pass do not cut the pairs over the CP ranks")
 
 
 def validation_sets(recipe: Recipe) -> dict[str, str]:
@@ -126,8 +153,15 @@ def check_needs(recipe: Recipe) -> list[str]:
 
 
 def dp_degrees(recipe: Recipe, world_size: int) -> tuple[int, int]:
-    """(replicate, shard) on ``world_size`` ranks; a layout that does not divide them is an error naming the key."""
+    """(replicate, shard) on ``world_size`` ranks; a layout that does not divide them is an error naming the key.
+    The ``[parallel] context_parallel`` ranks of a sequence are one data-parallel rank: shard x replicate is
+    the world over CP (with CP 1, the world)."""
     par = recipe.parallel
+    cp = par.context_parallel
+    if world_size % cp:
+        raise RecipeError(f"{recipe.path}: [parallel] context_parallel: {cp} does not divide the {world_size} ranks "
+                          f"(ranks = context_parallel x shard x replicate)")
+    world_size //= cp
     for key in ("replicate", "shard"):
         degree = getattr(par, key)
         if degree != -1 and world_size % degree:

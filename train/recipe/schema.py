@@ -211,6 +211,11 @@ class Parallel:
     # shard = 8 (the GPUs of a node), replicate = -1 (one copy per node). -1: the ranks the other leaves.
     shard: int = -1
     replicate: int = 1
+    # Context parallelism (torchtitan's context_parallel_degree): every sequence is cut over this many ranks,
+    # which attend to each other's keys and values (an all-gather per attention). ranks = context_parallel x
+    # shard x replicate; parameters are sharded over shard x context_parallel. Needs [training] seq_len a
+    # multiple of 128 x context_parallel and no in-loop evaluation (train.recipe.checks.check_context_parallel).
+    context_parallel: int = 1
     # The GPUs this recipe is planned for: what `--dry-run` and `--plan` check and estimate when no
     # --gpus is given (phase 1: 192). 0: a CPU recipe, checked on this launch's ranks, no GPU estimate.
     gpus: int = 0
@@ -238,6 +243,7 @@ class Parallel:
                                  f"(got {getattr(self, key)})")
         if self.shard == self.replicate == -1:
             raise TableError("shard, replicate: at most one of them may be -1")
+        at_least(self, 1, "context_parallel")
         at_least(self, 1, "comm_init_timeout", "comm_train_timeout", says="> 0 seconds")
 
 
