@@ -84,7 +84,7 @@ def memory_plans(config, shape: Shape, gpu: Gpu, micro_batches: tuple[int, ...] 
                             world_size=shape.gpus, spmd_backend="partial_dtensor")
         dims.build_mesh()  # outside fake mode
         with FakeTensorMode():
-            model = use_cuda_kernels(_build(config, torch.float32, device), _windows(config))
+            model = use_cuda_kernels(_build(config, torch.float32, device), _windows(config), shape.cp)
             parallelize_laneformer(
                 model, parallel_dims=dims,
                 training=TrainingConfig(mixed_precision_param=shape.param_dtype,

@@ -26,6 +26,7 @@ from .comm import Cluster, Communication, Layout, candidate_layouts, cluster_for
 from .data import data_report, realized_mix
 from .gpus import GIB, GPUS, Gpu
 from .interval import Interval, checkpoint_interval
+from .length import LONG, LengthTable, dry_run_lines, length_table
 from .memory import FIT_FRACTION, Memory, memory_plan, memory_plans
 from .replica import plan_lines
 from .roofline import ROOFLINE_NOTE, Speed, ops_table, roofline
@@ -72,10 +73,11 @@ def run_report(recipe: R.Recipe, *, gpus: int, mfu: float, peak_tflops: float) -
 
 
 def dry_run(recipe: R.Recipe, *, gpus: int, mfu: float, peak_tflops: float, run_dir: Path | None = None) -> str:
-    """``train.py --dry-run``: the run report, the data plan and the realized mix."""
+    """``train.py --dry-run``: the run report, whether a long-context recipe needs context parallelism, the
+    data plan and the realized mix."""
     weights = {s.name: s.weight or 0.0 for s in recipe.data.sources}
-    return "\n".join([run_report(recipe, gpus=gpus, mfu=mfu, peak_tflops=peak_tflops), data_report(recipe),
-                      realized_mix(run_dir or recipe.output_dir, weights)])
+    return "\n".join([run_report(recipe, gpus=gpus, mfu=mfu, peak_tflops=peak_tflops), *dry_run_lines(recipe, gpus),
+                      data_report(recipe), realized_mix(run_dir or recipe.output_dir, weights)])
 
 
 # ---- the sweep ---------------------------------------------------------------------------
@@ -222,6 +224,7 @@ class Plan:
     compiled: CompiledEstimate | None = None
     sweep: Sweep | None = None
     interval: Interval | None = None  # the Young/Daly checkpoint interval
+    lengths: LengthTable | None = None  # a long-context recipe's plan at 4k..64k tokens
     ops: bool = False  # print one layer's per-op table
     kernels: bool = False  # print the compiled estimate's per-kernel table
 
@@ -276,7 +279,7 @@ class Plan:
         """The text, section by section (a new estimate adds its section here)."""
         return [*self.header_lines(), *self.memory.lines(), *self.roofline_lines(), *self.comm_lines(),
                 *self.compiled_lines(), *(self.interval.lines() if self.interval else []),
-                *self.ops_lines(), *self.sweep_lines()]
+                *(self.lengths.lines() if self.lengths else []), *self.ops_lines(), *self.sweep_lines()]
 
     def to_json(self) -> dict:
         """The plan's numbers, for tools (bench.gpu_check): GiB, tokens/s/GPU, MFU as a fraction."""
@@ -293,6 +296,8 @@ class Plan:
             "compiled": None if self.compiled is None else self.compiled.to_json(),
             "recommended": None,
         }
+        if self.lengths is not None:
+            out["lengths"] = self.lengths.to_json()
         if self.sweep is not None:
             out["sweep"] = [{"ac": s.ac, "micro_batch": s.micro_batch, "accumulation": s.accumulation,
                              "peak_gib": s.memory and s.memory.peak / GIB, "fits": s.memory and s.memory.fits,
@@ -309,10 +314,11 @@ class Plan:
 
 def make_plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_sweep: bool = False, with_ops: bool = False,
               with_compiled: bool = True, with_kernels: bool = False, with_dense: bool = True,
-              cluster: Cluster | None = None) -> Plan:
+              with_lengths: bool = True, cluster: Cluster | None = None) -> Plan:
     """Memory, eager rooflines (lanes and, unless not ``with_dense``, the dense twin: a sweep's table reads
     only the lanes'), the compiled estimate (unless not ``with_compiled``: launch.slurm needs only the
-    memory), optionally the sweep and tables."""
+    memory), a long-context recipe's table at 4k..64k tokens (unless not ``with_lengths``: ~20 s of traces
+    for the 2B), optionally the sweep and tables."""
     from train.build import model_config
 
     if gpu not in GPUS:
@@ -343,6 +349,8 @@ def make_plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_sweep: boo
     p = Plan(recipe, config, gpus, kind, shape, acc, nparams, memory, lanes, dense, dense_error, comm, ops=with_ops,
              kernels=with_kernels)
     p.interval = checkpoint_interval(recipe, lanes, gpus, cluster.gpus_per_node, nparams)
+    if with_lengths and t.seq_len > LONG:  # a long-context phase: the same plan at 4k..64k, and the CP each length needs
+        p.lengths = length_table(recipe, config, gpus, cluster)
     if with_compiled:
         from .compiled import compiled_estimate
 
@@ -355,6 +363,7 @@ def make_plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_sweep: boo
 def plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_compiled: bool = False,
          cluster: Cluster | None = None) -> tuple[str, bool]:
     """The plan's text (memory, eager rooflines, communication; launch.slurm's check before the queue)
-    and whether the recipe's setting fits ``gpus`` GPUs of kind ``gpu``."""
-    p = make_plan(recipe, gpus=gpus, gpu=gpu, with_compiled=with_compiled, cluster=cluster)
+    and whether the recipe's setting fits ``gpus`` GPUs of kind ``gpu`` (its own setting only: no table at
+    other lengths)."""
+    p = make_plan(recipe, gpus=gpus, gpu=gpu, with_compiled=with_compiled, with_lengths=False, cluster=cluster)
     return "\n".join(p.lines()), p.fits

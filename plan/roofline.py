@@ -202,7 +202,7 @@ def roofline(config, shape: Shape, gpu: Gpu, *, accumulation: int = 1, dense_twi
     dtype = getattr(torch, shape.param_dtype)
     with FakeTensorMode():
         model = _build(llama3_twin(config) if dense_twin else config, dtype, "cpu")
-        use_cuda_kernels(model, _windows(config))
+        use_cuda_kernels(model, _windows(config), shape.cp)
         if (ac := _ac_config(shape.ac)) is not None:
             ac.build().apply(model)
         tokens, labels = _batch(config.vocab_size, shape, "cpu")
@@ -222,12 +222,13 @@ def roofline(config, shape: Shape, gpu: Gpu, *, accumulation: int = 1, dense_twi
             optimizer.step()
     from models.laneformer.flops import nparams_and_flops_per_token
 
-    _, flops = nparams_and_flops_per_token(config, model, shape.seq_len)  # the twin: equal parameters
+    # the twin: equal parameters; under CP each token still attends over the whole sequence
+    _, flops = nparams_and_flops_per_token(config, model, shape.seq_len)
     return Speed(
         micro_batch_s=sum(op.seconds for op in costs.ops),
         optimizer_s=sum(op.seconds for op in opt_costs.ops),
         accumulation=accumulation,
-        tokens_per_step=accumulation * shape.micro_batch * shape.seq_len,
+        tokens_per_step=accumulation * shape.micro_batch * shape.tokens,
         flops_per_token=flops,
         peak_flops=gpu.peak_flops(shape.param_dtype),
         ops=costs.ops + opt_costs.ops,

@@ -5,6 +5,14 @@ Two CUDA kernels cannot be traced on CPU as they run on a GPU: flex attention
 Both are replaced by stand-in operators with the kernel's inputs, outputs and
 saved tensors (attention: q, k, v, output, logsumexp; RMSNorm: input and
 1/rms), defined for fake tensors only.
+
+Context parallelism (``Shape.cp``) is traced as torchtitan 0.3.0 runs it with
+flex attention (``torchtitan.distributed.context_parallel.apply_cp_to_forward``):
+each GPU holds ``seq_len / cp`` tokens of a sequence, and every attention layer
+all-gathers K and V over the CP group (torch's ``cplib::flex_cp_allgather``;
+its backward reduce-scatters their gradients), so the gathered full-length K
+and V are what flex attention saves. A stand-in of that all-gather gives the
+trace the same shapes.
 """
 
 from __future__ import annotations
@@ -30,6 +38,14 @@ def _visible_pairs(seq_len: int, window: int) -> int:
     return w * (w + 1) // 2 + (seq_len - w) * w
 
 
+def _local_pairs(q_shape, k_shape, window: int) -> int:
+    """Visible (query, key) pairs x batch x heads x head_dim of one GPU's queries. Under CP the
+    GPU holds 1/cp of the queries against all keys; load balancing (torchtitan's head-tail
+    default) gives each GPU 1/cp of the pairs."""
+    B, S_q, H, D = q_shape
+    return B * H * D * _visible_pairs(k_shape[1], window) * S_q // k_shape[1]
+
+
 def _define_stand_ins() -> None:
     """``laneplan::attention`` and ``laneplan::rms_norm``: fake-tensor-only operators with
     the CUDA kernels' inputs, outputs, saved tensors and (attention) FLOPs."""
@@ -41,6 +57,8 @@ def _define_stand_ins() -> None:
     torch.library.define(lib + "attention", "(Tensor q, Tensor k, Tensor v, int window) -> (Tensor, Tensor)")
     torch.library.define(lib + "attention_backward", "(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, "
                          "Tensor lse, int window) -> (Tensor, Tensor, Tensor)")
+    torch.library.define(lib + "cp_all_gather", "(Tensor k, Tensor v, int cp) -> (Tensor, Tensor)")
+    torch.library.define(lib + "cp_reduce_scatter", "(Tensor dk, Tensor dv, int cp) -> (Tensor, Tensor)")
     torch.library.define(lib + "rms_norm", "(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)")
     torch.library.define(lib + "rms_norm_backward",
                          "(Tensor grad, Tensor x, Tensor weight, Tensor rstd) -> (Tensor, Tensor)")
@@ -64,13 +82,29 @@ def _define_stand_ins() -> None:
 
     @register_flop_formula(torch.ops.laneplan.attention)
     def _(q_shape, k_shape, v_shape, window, out_shape=None, **kwargs):
-        B, S, H, D = q_shape
-        return 2 * 2 * B * H * D * _visible_pairs(S, window)  # Q K^T and P V
+        return 2 * 2 * _local_pairs(q_shape, k_shape, window)  # Q K^T and P V
 
     @register_flop_formula(torch.ops.laneplan.attention_backward)
-    def _(grad_shape, q_shape, *args, out_shape=None, **kwargs):
-        B, S, H, D = q_shape
-        return 5 * 2 * B * H * D * _visible_pairs(S, args[-1])  # recompute Q K^T, dV, dP, dQ, dK
+    def _(grad_shape, q_shape, k_shape, *args, out_shape=None, **kwargs):
+        return 5 * 2 * _local_pairs(q_shape, k_shape, args[-1])  # recompute Q K^T, dV, dP, dQ, dK
+
+    @torch.library.register_fake(lib + "cp_all_gather")
+    def _(k, v, cp):  # [B, S / cp, kv_heads, head_dim] -> [B, S, kv_heads, head_dim]
+        return k.new_empty((k.shape[0], k.shape[1] * cp, *k.shape[2:])), v.new_empty(
+            (v.shape[0], v.shape[1] * cp, *v.shape[2:]))
+
+    @torch.library.register_fake(lib + "cp_reduce_scatter")
+    def _(dk, dv, cp):
+        return dk.new_empty((dk.shape[0], dk.shape[1] // cp, *dk.shape[2:])), dv.new_empty(
+            (dv.shape[0], dv.shape[1] // cp, *dv.shape[2:]))
+
+    def gather_setup(ctx, inputs, output):
+        ctx.cp = inputs[2]
+
+    def gather_backward(ctx, dk, dv):
+        return (*torch.ops.laneplan.cp_reduce_scatter(dk, dv, ctx.cp), None)
+
+    torch.library.register_autograd(lib + "cp_all_gather", gather_backward, setup_context=gather_setup)
 
     @torch.library.register_fake(lib + "rms_norm")
     def _(x, weight, eps):
@@ -105,8 +139,11 @@ class AttentionStandIn(FlexAttention):
     """Flex attention's inputs, outputs and saved tensors, on fake tensors (the stand-in operator)."""
 
     window = 0  # set per layer: a BlockMask's window cannot be read from fake tensors
+    cp = 1  # the context-parallel degree: K and V all-gathered over it first
 
     def forward(self, q, k, v, **kwargs):
+        if self.cp > 1:
+            k, v = torch.ops.laneplan.cp_all_gather(k, v, self.cp)
         return torch.ops.laneplan.attention(q, k, v, self.window)[0]
 
 
@@ -121,7 +158,7 @@ class SelectiveACWithStandIn(SelectiveAC):
         return super().get_save_ops() | {torch.ops.laneplan.attention.default}
 
 
-def use_cuda_kernels(model: nn.Module, windows: list[int | None]) -> nn.Module:
+def use_cuda_kernels(model: nn.Module, windows: list[int | None], cp: int = 1) -> nn.Module:
     """Swap the model's norms and attention kernels for the stand-ins, in place.
 
     The stand-ins subclass the modules they replace and change only
@@ -140,6 +177,7 @@ def use_cuda_kernels(model: nn.Module, windows: list[int | None]) -> nn.Module:
             if isinstance(module, FlexAttention):
                 module.__class__ = AttentionStandIn
                 module.window = window or 0
+                module.cp = cp
     if hasattr(model, "attention_masks"):  # Laneformer: one mask per window, unread by the stand-in
         model.attention_masks = lambda tokens, positions: dict.fromkeys(windows)
     return model
@@ -161,6 +199,12 @@ class Shape:
     reduce_dtype: str = "float32"
     lr: float = 3e-4
     grad_clip: float = 1.0
+    cp: int = 1  # context parallelism: each GPU holds seq_len / cp tokens of a sequence
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of one sequence on one GPU."""
+        return self.seq_len // self.cp
 
     @classmethod
     def of(cls, recipe: R.Recipe, gpus: int, **changes) -> Shape:
@@ -181,7 +225,7 @@ def _build(config, dtype: torch.dtype, device: str) -> nn.Module:
 
 
 def _batch(vocab_size: int, shape: Shape, device: str):
-    size = (shape.micro_batch, shape.seq_len)
+    size = (shape.micro_batch, shape.tokens)
     return torch.randint(0, vocab_size, size, device=device), torch.randint(0, vocab_size, size, device=device)
 
 

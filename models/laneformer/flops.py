@@ -8,6 +8,7 @@ AV, forward and backward, no causal discount, as torchtitan counts), where a
 sliding-window layer's context is ``min(window, seq_len)``.
 """
 
+import torch
 from torch import nn
 
 
@@ -22,3 +23,11 @@ def nparams_and_flops_per_token(config, model: nn.Module, seq_len: int) -> tuple
     nparams = sum(p.numel() for p in model.parameters())
     n_embedding = config.vocab_size * config.dim
     return nparams, 6 * (nparams - n_embedding) + attention_flops_per_token(config, seq_len)
+
+
+def flops_per_token(config, seq_len: int) -> int:
+    """FLOPs per token at ``seq_len``, the parameters counted on the meta device (no memory): the
+    planner's figure at lengths the recipe does not train at."""
+    with torch.device("meta"):
+        model = config.build()
+    return nparams_and_flops_per_token(config, model, seq_len)[1]
