@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from itertools import pairwise
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -130,6 +131,55 @@ def unpacked_logits(model_fn: Callable[[torch.Tensor], torch.Tensor], ids: torch
             logits[b, s:e] = out[j, :e - s]
     assert logits is not None, "a row has at least one piece"
     return logits
+
+
+def held_out_sets(entries: Sequence[str]) -> dict[str, str]:
+    """``eval.run --held-out [NAME=]DIR,...``: each set's name -> its folder of tokenized documents.
+
+    DIR is a source split by data.held_out (its ``held_out/`` is read) or a tokenized folder of held-out
+    documents itself (a ``held_out/`` folder, an ``[eval] val_sources`` dir). A set's name seeds its
+    document order (data.mixture), so its rows are a run's when it is named as the run names it
+    (train.recipe.checks.validation_sets): a split source by the recipe's source name (default: the
+    source's folder name), a tokenized folder by its folder name. Raises ValueError naming --held-out.
+    """
+    from data.held_out import held_out_dir
+    from data.shards import MANIFEST
+
+    sets: dict[str, str] = {}
+    for entry in entries:
+        name, _, path = entry.rpartition("=")
+        folder = Path(path)
+        if not folder.is_dir():
+            raise ValueError(f"--held-out {entry}: {folder}: no such folder")
+        if (held_out_dir(folder) / MANIFEST).is_file():
+            found = held_out_dir(folder)
+        elif (folder / MANIFEST).is_file():
+            found = folder
+        else:
+            raise ValueError(f"--held-out {entry}: {folder} holds neither held_out/{MANIFEST} (a source split by "
+                             f"python -m data.held_out) nor a {MANIFEST} (a tokenized folder)")
+        name = name or folder.resolve().name
+        if name in sets:
+            raise ValueError(f"--held-out: two sets named {name!r} ({sets[name]}, {found}): name them NAME=DIR")
+        sets[name] = str(found)
+    return sets
+
+
+def held_out_mixtures(sets: dict[str, str], seq_len: int, tokenizer) -> list[Mixture]:
+    """Each held-out set as rows of ``seq_len``, as the training loop reads it (train.callbacks.eval:
+    a one-source mixture of seed 0, from its start), refused if tokenized with another tokenizer than
+    ``tokenizer`` (its fingerprint, when it has one, and its size). Raises ValueError naming --held-out."""
+    from data.mixture import Mixture, SourceSpec
+
+    out = []
+    for name, path in sets.items():
+        try:
+            out.append(Mixture([SourceSpec(name=name, path=path, weight=1.0, max_epochs=1e9)], seq_len, seed=0,
+                               expected_fingerprint=getattr(tokenizer, "fingerprint", None),
+                               expected_vocab_size=tokenizer.vocab_size))
+        except ValueError as e:
+            raise ValueError(f"--held-out {name}={path}: {e}") from None
+    return out
 
 
 def loss_by_position(model_fn: Callable[[torch.Tensor], torch.Tensor], mixtures: Sequence[Mixture], samples: int,

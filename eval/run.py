@@ -2,15 +2,22 @@
 
     python -m eval.run --checkpoint <run dir | step dir | HF dir> [--flavor F --set k=v ...]
         [--core BUNDLE --max-per-task N [--core-tasks a,b]]
-        [--lm-eval TASKS.json|yaml --limit N]
+        [--lm-eval TASKS.json|yaml|NAME,NAME --limit N]
         [--humaneval --limit N --samples K --temperature T --max-new-tokens M]
         [--evalplus humaneval,mbpp [--evalplus-data FOLDER | FILE,FILE] [--chat] [--limit N]
          [--evalplus-find-zero fixed|released] [--samples N --temperature T [--top-p P] [--seed S]]
          [--evalplus-out DIR]]
+        [--loss-by-position N --held-out [NAME=]DIR[,[NAME=]DIR] [--seq-len L] [--val-samples S]]
         [--tokenizer PATH] [--out results.json]
 
-At least one of --core, --lm-eval, --humaneval, --evalplus. The tokenizer is
+At least one of --core, --lm-eval, --humaneval, --evalplus, --loss-by-position. The tokenizer is
 the checkpoint's own (models.laneformer.checkpoint.Checkpoint.open_tokenizer), never a default.
+
+--loss-by-position N: the held-out loss by position in the document that the training loop logs
+(``[eval] position_buckets``), ``eval/val_loss_pos/<start>-<end>`` in N equal buckets of L tokens
+(default: the checkpoint's max_seq_len), on the first S rows of L tokens of each --held-out set
+(eval.position_loss): a source split by data.held_out or a tokenized folder, named as the run names
+it so that its rows are the run's.
 
 Under ``torchrun`` each rank loads the whole model and scores its share
 (gloo on CPU, NCCL on GPU); rank 0 prints and writes.
@@ -33,7 +40,7 @@ from .load import load_checkpoint
 from .spec import EvalSpec, EvalSpecError, default
 from .suite import Report, check_inputs, evalplus_files, run_evals
 
-TASK_FLAGS = "--core/--lm-eval/--humaneval/--evalplus"
+TASK_FLAGS = "--core/--lm-eval/--humaneval/--evalplus/--loss-by-position"
 
 
 def table(metrics: dict[str, float]) -> str:
@@ -79,7 +86,8 @@ FLAGS = {"core_bundle": "--core", "core_max_per_task": "--max-per-task", "core_t
          "humaneval_max_new_tokens": "--max-new-tokens", "evalplus": "--evalplus", "evalplus_data": "--evalplus-data",
          "evalplus_limit": "--limit", "evalplus_chat": "--chat", "evalplus_max_new_tokens": "--max-new-tokens",
          "evalplus_find_zero": "--evalplus-find-zero", "evalplus_samples": "--samples",
-         "evalplus_temperature": "--temperature", "evalplus_top_p": "--top-p", "evalplus_seed": "--seed"}
+         "evalplus_temperature": "--temperature", "evalplus_top_p": "--top-p", "evalplus_seed": "--seed",
+         "val_sources": "--held-out", "val_samples": "--val-samples", "position_buckets": "--loss-by-position"}
 FIELD = re.compile(r"\b(" + "|".join(sorted(FLAGS, key=len, reverse=True)) + r")\b")
 
 
@@ -88,10 +96,28 @@ def spec_of(args: argparse.Namespace) -> EvalSpec:
     values = {name: getattr(args, flag.removeprefix("--").replace("-", "_")) for name, flag in FLAGS.items()}
     values["core_tasks"] = args.core_tasks.split(",") if args.core_tasks else None
     values["evalplus"] = args.evalplus and ",".join(args.evalplus)
+    values["val_sources"] = args.held_out.split(",") if args.held_out else []
     try:
         return EvalSpec(**values)
     except EvalSpecError as e:
         raise EvalSpecError(FIELD.sub(lambda m: FLAGS[m[1]], str(e))) from None
+
+
+def position_problems(seq_len: int | None, buckets: int, max_seq_len: int | None = None) -> list[str]:
+    """What is wrong with --loss-by-position's length ``seq_len`` (None: not known yet) and bucket count,
+    for a model of ``max_seq_len`` tokens (None: not loaded yet)."""
+    if seq_len is None:
+        return []
+    if seq_len <= 0:
+        return [f"--seq-len: must be > 0 (got {seq_len})"]
+    problems = []
+    if max_seq_len is not None and seq_len > max_seq_len:
+        problems.append(f"--seq-len {seq_len} exceeds the checkpoint's max_seq_len {max_seq_len} (a longer context "
+                        "for a DCP checkpoint: --set max_seq_len=N)")
+    if seq_len % buckets:
+        problems.append(f"--loss-by-position {buckets} does not divide --seq-len {seq_len} into equal buckets: give a "
+                        f"divisor of {seq_len}")
+    return problems
 
 
 def init_distributed() -> str | None:
@@ -122,7 +148,11 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--max-per-task", type=int, default=default("core_max_per_task"),
                    help="CORE items per task (default: all)")
     p.add_argument("--core-tasks", help="comma-separated CORE labels (the rest count as missing)")
-    p.add_argument("--lm-eval", metavar="TASKS", help="JSON/YAML file of lm-eval task dicts")
+    p.add_argument("--lm-eval", metavar="TASKS", help="JSON/YAML file of lm-eval tasks (inline task dicts, lm-eval's "
+                   "own task names) and their metadata, or a comma list of lm-eval task names (RULER: "
+                   "niah_single_1,ruler_vt ...; at the checkpoint's max_seq_len unless the file's metadata sets "
+                   "max_seq_lengths; its metadata ruler_files: local copies of what RULER downloads, eval.lm_harness); "
+                   "--limit counts documents per task and length")
     p.add_argument("--humaneval", action="store_true", help="HumanEval pass@k (runs model code in a sandbox)")
     p.add_argument("--evalplus", type=evalplus_datasets, metavar="humaneval,mbpp",
                    help="HumanEval+ and/or MBPP+ pass@k, base and plus (a comma list): greedy pass@1, or with "
@@ -150,10 +180,26 @@ def main(argv: list[str] | None = None) -> dict | None:
                    "humaneval.raw.jsonl, humaneval_eval_results.json; mbpp's alike")
     p.add_argument("--max-new-tokens", type=int, default=default("evalplus_max_new_tokens"),
                    help="completion length limit (default: each benchmark's own: HumanEval 512, EvalPlus 768)")
+    p.add_argument("--loss-by-position", type=int, default=default("position_buckets"), metavar="N",
+                   help="held-out loss by position in the document, eval/val_loss_pos/<start>-<end>, in N equal "
+                        "buckets of --seq-len (N must divide it), on the --held-out sets: the numbers of a run's "
+                        "[eval] position_buckets")
+    p.add_argument("--held-out", metavar="[NAME=]DIR,...", help="held-out sets for --loss-by-position: a source split "
+                   "by python -m data.held_out (its held_out/ is read) or a tokenized folder; NAME (default: the "
+                   "folder's name) orders the set's documents as a run's set of that name does")
+    p.add_argument("--seq-len", type=int, metavar="L", help="--loss-by-position's row length (default and at most: "
+                   "the checkpoint's max_seq_len; a DCP checkpoint's can be raised with --set max_seq_len=N)")
+    p.add_argument("--val-samples", type=int, default=default("val_samples"), metavar="S",
+                   help="rows of --seq-len tokens scored per --held-out set, its first ones (as [eval] val_samples)")
     p.add_argument("--out", help="write the results as JSON here")
     args = p.parse_args(argv)
-    if not (args.core or args.lm_eval or args.humaneval or args.evalplus):
+    if not (args.core or args.lm_eval or args.humaneval or args.evalplus or args.loss_by_position):
         p.error(f"nothing to evaluate: pass {TASK_FLAGS}")
+    if bool(args.loss_by_position) != bool(args.held_out):
+        p.error("--loss-by-position N scores the --held-out sets: pass both" if args.loss_by_position else
+                "--held-out: only --loss-by-position N reads it: pass it too")
+    if args.seq_len is not None and not args.loss_by_position:
+        p.error("--seq-len: only --loss-by-position N reads it: pass it too")
 
     try:  # bad input (a --set, a bad value, a checkpoint that is not one, a config that does not fit it): exit 2
         overrides = parse_overrides(args.set)
@@ -167,16 +213,33 @@ def main(argv: list[str] | None = None) -> dict | None:
             datasets = spec.evalplus_datasets
             releases = evalplus_files(datasets, spec.evalplus_data)
             evalplus_tasks = [load_tasks(d, f, spec.evalplus_limit) for d, f in zip(datasets, releases)]
+        held_out = None
+        if spec.position_buckets:  # a missing set or a bucket count that cannot be: said before the model loads
+            from .position_loss import held_out_mixtures, held_out_sets
+
+            held_out = held_out_sets(spec.val_sources)
+            if problems := position_problems(args.seq_len, spec.position_buckets):
+                raise ValueError("\n".join(problems))
         device = init_distributed() or args.device
         loaded = load_checkpoint(args.checkpoint, flavor=args.flavor, overrides=overrides,
                                  tokenizer_path=args.tokenizer, device=device)
+        if held_out is not None:
+            seq_len = args.seq_len or loaded.max_seq_len
+            if problems := position_problems(seq_len, spec.position_buckets, loaded.max_seq_len):
+                raise ValueError("\n".join(problems))
+            held_out = held_out_mixtures(held_out, seq_len, loaded.tokenizer)
+        if spec.lm_eval_tasks is not None:  # RULER lengths the model cannot hold: bad input, not a score of 0
+            from .lm_harness import check_lengths, load_task_file
+
+            if problems := check_lengths(load_task_file(spec.lm_eval_tasks), loaded.max_seq_len):
+                raise ValueError("\n".join(f"lm-eval tasks {spec.lm_eval_tasks}: {q}" for q in problems))
     except (ValueError, FileNotFoundError) as e:
         p.exit(2, f"error: {e}\n")
     log = print if dist.rank() == 0 else None
     for note in loaded.notes if log else ():
         log(note)
     report = run_evals(loaded.model_fn, loaded.tokenizer, spec, max_seq_len=loaded.max_seq_len, device=loaded.device,
-                       log=log, evalplus_tasks=evalplus_tasks,
+                       log=log, evalplus_tasks=evalplus_tasks, held_out=held_out,
                        chat_template=checkpoint_template(args.checkpoint) if args.chat else None)  # a run's: the one it tuned with
     rank = dist.rank()
     if dist.distributed():

@@ -39,7 +39,9 @@ class EvalSpec:
     core_bundle: str | None = None  # a DCLM CORE bundle folder
     core_max_per_task: int | None = None  # None: every item
     core_tasks: list[str] | None = None  # CORE labels to score (the rest count as missing); None: all
-    lm_eval_tasks: str | None = None  # a JSON/YAML file of lm-eval task dicts
+    # a JSON/YAML file of lm-eval tasks (inline dicts, lm-eval's own names) and their metadata, or a comma
+    # list of lm-eval task names (eval.lm_harness.load_task_file)
+    lm_eval_tasks: str | None = None
     lm_eval_limit: int | None = None  # documents per task; None: all
     humaneval: bool = False  # HumanEval pass@k (runs model code in a sandbox)
     humaneval_limit: int | None = None  # problems; None: all

@@ -1,7 +1,8 @@
 """One entry point for every evaluation, used by ``eval.run`` and the trainer.
 
 ``evaluate(model_fn, tokenizer, spec)`` returns flat ``name -> float`` metrics
-(``core/...``, ``lm_eval/...``, ``humaneval/...``), the same on every rank;
+(``core/...``, ``lm_eval/...``, ``humaneval/...``, and with held-out sets given
+``eval/val_loss_pos/...``), the same on every rank;
 ``run_evals`` returns the detailed results (``Report``) that ``eval.run``
 prints and writes. Every rank must call them with the same spec; the
 model should be in eval mode (forwards run under ``torch.no_grad``).
@@ -26,9 +27,10 @@ class Report:
     lm_eval: dict | None = None  # lm-eval's per-task results
     humaneval: object | None = None  # eval.humaneval.HumanEvalResult
     evalplus: list | None = None  # eval.evalplus.EvalPlusResult per dataset
+    loss_by_position: dict[str, float] | None = None  # eval/val_loss_pos/<start>-<end> (eval.position_loss)
 
     def metrics(self) -> dict[str, float]:
-        out = {}
+        out = dict(self.loss_by_position or {})
         if self.core is not None:
             out.update(self.core.metrics())
         if self.lm_eval is not None:
@@ -44,12 +46,23 @@ class Report:
 
 def run_evals(model_fn, tokenizer, spec: EvalSpec, *, max_seq_len: int, device: torch.device | str = "cpu",
               log: Callable[[str], None] | None = None, chat_template: str | None = None,
-              evalplus_tasks: Sequence[list[dict]] | None = None) -> Report:
+              evalplus_tasks: Sequence[list[dict]] | None = None, held_out: Sequence | None = None) -> Report:
     """Run the evaluations ``spec`` asks for (its ``val_sources`` are the trainer's): CORE, lm-eval
     tasks, HumanEval, EvalPlus. ``chat_template``: the model's, a data.chat spec, for EvalPlus's
     instruct prompts (unless the tokenizer is an export's with its own); ``evalplus_tasks``: one
-    task list per ``spec.evalplus`` dataset, already loaded (else read from ``spec.evalplus_data``)."""
+    task list per ``spec.evalplus`` dataset, already loaded (else read from ``spec.evalplus_data``).
+    ``held_out``: held-out sets (data.mixture.Mixture, all of one length: eval.position_loss.held_out_mixtures)
+    to score the loss by position on, in ``spec.position_buckets`` buckets of their length, the first
+    ``spec.val_samples`` rows of each (``eval.run --loss-by-position``; the trainer scores its own)."""
     report = Report()
+    if held_out and spec.position_buckets:
+        from .position_loss import bucket_edges, loss_by_position
+
+        edges = bucket_edges(held_out[0].seq_len, spec.position_buckets)
+        report.loss_by_position = loss_by_position(model_fn, held_out, spec.val_samples, edges, device)
+        if log:
+            log(f"loss by position ({spec.val_samples} rows of {held_out[0].seq_len} tokens a set): "
+                + ", ".join(f"{k.rpartition('/')[2]} {v:.4f}" for k, v in report.loss_by_position.items()))
     if spec.core_bundle is not None:
         report.core = evaluate_core(model_fn, tokenizer, spec.core_bundle, max_seq_len=max_seq_len,
                                     max_per_task=spec.core_max_per_task, labels=spec.core_tasks, device=device,

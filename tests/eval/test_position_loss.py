@@ -1,7 +1,8 @@
 """Held-out loss by position in the document (eval.position_loss), as the training eval callback logs it
 and as ``eval.run --loss-by-position`` scores a checkpoint or an export: each bucket against the mean of
 torch's own cross-entropy over the tokens whose in-document position falls in it, counted by hand here;
-the export's way (each document piece a row of its own) against the document mask; 2 ranks against 1."""
+the export's way (each document piece a row of its own) against the document mask; 2 ranks against 1;
+``eval.run --loss-by-position`` on a DCP checkpoint and on its HF export against both, and its bad input."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from data.tokenizer import Tokenizer
 from eval.position_loss import (bucket_edges, bucket_of, loss_by_position, position_metric, unpacked_logits,
                                 validation_rows)
 from eval.spec import EvalSpec
+from rundir import REPO
 from tests.data.test_held_out_split import TOK, write_source
+from tests.eval.test_eval_harness import exported  # noqa: F401  (the fixture: a tiny model, DCP and export)
 from train.callbacks.eval import Eval
 
 SEQ_LEN, MICRO, SAMPLES, BUCKETS = 64, 2, 5, 4  # 5 samples: the last batch holds a padding row
@@ -171,3 +174,92 @@ def test_two_ranks_give_one_rank_s_numbers(model, held_out, tmp_path):
     one = callback_validation(model, held_out, position_buckets=BUCKETS)
     assert two["loop"] == pytest.approx(one, rel=1e-6)
     assert two["run"] == pytest.approx({k: v for k, v in one.items() if bucket_of(k)}, rel=1e-6)
+
+
+# --- eval.run --loss-by-position: a checkpoint or an export on held-out sets ---
+
+TOKENIZER = REPO / "assets" / "tokenizer"  # what the held-out sets were tokenized with (TOK)
+
+
+def run_loss_by_position(checkpoint, held_out: str, *flags: str) -> dict[str, float]:
+    from eval.run import main
+
+    out = main(["--checkpoint", str(checkpoint), "--loss-by-position", str(BUCKETS), "--held-out", held_out,
+                "--seq-len", str(SEQ_LEN), "--val-samples", str(SAMPLES), *flags])
+    return out["metrics"]
+
+
+def test_eval_run_scores_a_checkpoint_and_its_export_as_the_loop_does(exported, held_out):  # noqa: F811
+    """On the run's DCP checkpoint and on its HF export, eval.run's buckets are torch's cross-entropy
+    counted by hand on the document-masked training model, and eval.position_loss called directly."""
+    model, step, hf_dir = exported
+    edges = bucket_edges(SEQ_LEN, BUCKETS)
+    expected = by_hand(model, held_out, edges)
+    sets = ",".join(held_out.values())  # named by their folders: plain, masked (as by_hand names them)
+    dcp = run_loss_by_position(step.parent.parent, sets, "--tokenizer", str(TOKENIZER))
+    assert list(dcp) == [position_metric(a, b) for a, b in zip(edges, edges[1:])]  # only the buckets: asked alone
+    assert dcp == pytest.approx(expected, rel=1e-6)
+    direct = loss_by_position(lambda ids: model(ids), [mixture(n, p, SEQ_LEN) for n, p in held_out.items()],
+                              SAMPLES, edges, "cpu")
+    assert dcp == pytest.approx(direct, rel=1e-6)
+    assert run_loss_by_position(hf_dir, sets) == pytest.approx(expected, rel=1e-5)  # its own modeling code
+
+
+def test_eval_run_reads_a_split_source_s_held_out_set_under_the_run_s_name(exported, tmp_path):  # noqa: F811
+    """A source split by data.held_out: its held_out/ is read, its documents in the order of the set's name
+    in the run (NAME=DIR; default: the source's folder name), which a run names after the recipe's source."""
+    from data.held_out import split
+
+    model, step, _ = exported
+    source = write_source(tmp_path / "books-16k", [documents(120, 4, 150)])
+    split(source, 0.4)
+    edges = bucket_edges(SEQ_LEN, BUCKETS)
+    flags = ("--tokenizer", str(TOKENIZER))
+    named = run_loss_by_position(step.parent.parent, f"books={source}", *flags)
+    assert named == pytest.approx(by_hand(model, {"books": str(source / "held_out")}, edges), rel=1e-6)
+    unnamed = run_loss_by_position(step.parent.parent, str(source), *flags)
+    assert unnamed == pytest.approx(by_hand(model, {"books-16k": str(source / "held_out")}, edges), rel=1e-6)
+    assert max(abs(named[k] - unnamed[k]) for k in named) > 1e-3  # the name orders the documents
+
+
+def exit_2(capsys, argv: list[str]) -> str:
+    from eval.run import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_eval_run_refuses_bad_input_naming_the_flag(exported, held_out, tmp_path, capsys):  # noqa: F811
+    _, _, hf_dir = exported
+    none = str(tmp_path / "no-such-run")  # said before a checkpoint is opened: this one would fail to open
+    plain = held_out["plain"]
+    (tmp_path / "empty").mkdir()
+    before_loading = {
+        ("--held-out", str(tmp_path / "nope")): f"--held-out {tmp_path / 'nope'}: {tmp_path / 'nope'}: no such folder",
+        ("--held-out", str(tmp_path / "empty")): "holds neither held_out/manifest.json (a source split by python -m "
+                                                 "data.held_out) nor a manifest.json (a tokenized folder)",
+        ("--held-out", f"{plain},{plain}"): "--held-out: two sets named 'plain'",
+        ("--held-out", plain, "--seq-len", "64", "--loss-by-position", "3"):
+            "--loss-by-position 3 does not divide --seq-len 64 into equal buckets",
+        ("--held-out", plain, "--seq-len", "0"): "--seq-len: must be > 0 (got 0)",
+        ("--held-out", plain, "--val-samples", "0"): "--val-samples: must be > 0 (got 0)",
+        ("--held-out", plain, "--loss-by-position", "-1"): "--loss-by-position: must be >= 0 (got -1; 0: none)",
+    }
+    for flags, message in before_loading.items():
+        flags = ("--loss-by-position", "4", *flags) if "--loss-by-position" not in flags[2:] else flags
+        err = exit_2(capsys, ["--checkpoint", none, *flags])
+        assert message in err and "no-such-run" not in err, (flags, err)
+    assert "--loss-by-position N scores the --held-out sets: pass both" in exit_2(
+        capsys, ["--checkpoint", none, "--loss-by-position", "4"])
+    assert "--held-out: only --loss-by-position N reads it" in exit_2(
+        capsys, ["--checkpoint", none, "--core", str(tmp_path), "--held-out", plain])
+    assert "--seq-len: only --loss-by-position N reads it" in exit_2(
+        capsys, ["--checkpoint", none, "--core", str(tmp_path), "--seq-len", "64"])
+    # against the loaded model: a length beyond it (RoPE's tables end there), a default length N does not divide
+    assert "--seq-len 2048 exceeds the checkpoint's max_seq_len 1024 (a longer context for a DCP checkpoint: " \
+           "--set max_seq_len=N)" in exit_2(capsys, ["--checkpoint", str(hf_dir), "--loss-by-position", "4",
+                                                   "--held-out", plain, "--seq-len", "2048"])
+    assert "--loss-by-position 3 does not divide --seq-len 1024" in exit_2(
+        capsys, ["--checkpoint", str(hf_dir), "--loss-by-position", "3", "--held-out", plain])
