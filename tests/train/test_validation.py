@@ -293,3 +293,16 @@ def test_each_length_validates_the_same_tokens_with_its_own_context(tmp_path):
     assert at_length(VAL_LOSS, SEQ_LEN, SEQ_LEN) == VAL_LOSS and at_length(VAL_LOSS, 32, SEQ_LEN) == "eval/val_loss@32"
     assert per_set(at_length(VAL_LOSS, 128, SEQ_LEN), "plain") == "eval/val_loss@128/plain"
     assert len({got[at_length(VAL_LOSS, n, SEQ_LEN)] for n in (32, SEQ_LEN, 128)}) == 3  # the context differs
+
+
+def test_a_validation_length_past_the_models_positions_is_refused_at_load(tmp_path):
+    """[eval] val_seq_lens above [model] max_seq_len: refused before anything runs, naming the field,
+    not a shape error in the first eval; up to it, accepted."""
+    from train.build.checks import preflight
+
+    sets = [f"run.output_dir={tmp_path / 'run'}", "model.max_seq_len=256"]
+    recipe = R.load("tiny.toml", [*sets, "eval.val_seq_lens=[256, 512]"])
+    assert f"{recipe.path}: [eval] val_seq_lens: [512] exceed the model's max_seq_len 256 " \
+           "(validation at a length the model has no positions for)" in preflight(recipe, world_size=1).problems
+    ok = R.load("tiny.toml", [*sets, "eval.val_seq_lens=[256]"])
+    assert not [q for q in preflight(ok, world_size=1).problems if "val_seq_lens" in q]

@@ -93,6 +93,9 @@ def preflight(recipe: Recipe, world_size: int) -> Preflight:
     if out.config is not None and t.seq_len > out.config.max_seq_len:
         out.problems.append(f"{p}: [training] seq_len: {t.seq_len} exceeds the model's max_seq_len "
                             f"{out.config.max_seq_len}")
+    if out.config is not None and (beyond := [n for n in recipe.eval.val_seq_lens if n > out.config.max_seq_len]):
+        out.problems.append(f"{p}: [eval] val_seq_lens: {beyond} exceed the model's max_seq_len "
+                            f"{out.config.max_seq_len} (validation at a length the model has no positions for)")
     check(lambda: initial_load(recipe))
     tokenizer = None
     if not Path(d.tokenizer).is_file():
