@@ -91,8 +91,8 @@ def check_context_parallel(recipe: Recipe) -> None:
         raise RecipeError(f"{where} with in-loop evaluation ([eval] every, at_end): the evals do not cut their "
                           f"sequences over the CP ranks; set [eval] every = 0 and at_end = false and evaluate "
                           f"the checkpoints afterwards (python -m eval)")
-    if recipe.preference.loss is not None:
-        raise RecipeError(f"{where} in a preference run ([preference] loss = {recipe.preference.loss!r}): its "
+    if any(s.pairs for s in recipe.data.sources):  # pair sources: a preference run (train.preference)
+        raise RecipeError(f"{where} in a preference run (pair sources): its "
                           f"forward and reference pass do not cut the pairs over the CP ranks")
 
 
