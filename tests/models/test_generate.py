@@ -24,12 +24,12 @@ PROMPT = DECODE_PROMPT
 NEW = 5
 
 
-def stepwise_logits(decoder: LaneDecoder, ids: list[int]) -> torch.Tensor:
+def stepwise_logits(decoder: LaneDecoder, ids: list[int], prompt: list[int] = PROMPT) -> torch.Tensor:
     """The decoder's next-token logits after the prompt and after each of ``ids`` but the last."""
-    decoder.reset(1, len(PROMPT) + len(ids))
-    out = [decoder.forward(torch.tensor([PROMPT]), 0)[0]]
+    decoder.reset(1, len(prompt) + len(ids))
+    out = [decoder.forward(torch.tensor([prompt]), 0)[0]]
     for k, token in enumerate(ids[:-1]):
-        out.append(decoder.forward(torch.tensor([[token]]), len(PROMPT) + k)[0])
+        out.append(decoder.forward(torch.tensor([[token]]), len(prompt) + k)[0])
     return torch.stack(out)
 
 

@@ -19,6 +19,7 @@ from models.laneformer import laneformer_configs
 from models.laneformer.attention import attention_config
 from models.laneformer.generate import LaneDecoder, greedy, random_weights
 from tests.models.conftest import model_from_weights
+from tests.models.test_generate import stepwise_logits
 
 BASE = 64  # the base model's length in both cases
 WINDOW = 16
@@ -57,15 +58,6 @@ def reference_greedy(config, weights, prompt: list[int], n: int) -> tuple[list[i
     return seq[len(prompt):], torch.stack(logits)
 
 
-def decoder_logits(decoder: LaneDecoder, prompt: list[int], ids: list[int]) -> torch.Tensor:
-    """The decoder's next-token logits after the prompt and after each of ``ids`` but the last."""
-    decoder.reset(1, len(prompt) + len(ids))
-    out = [decoder.forward(torch.tensor([prompt]), 0)[0]]
-    for k, token in enumerate(ids[:-1]):
-        out.append(decoder.forward(torch.tensor([[token]]), len(prompt) + k)[0])
-    return torch.stack(out)
-
-
 @pytest.fixture(scope="module")
 def references() -> dict:
     """case -> (config, weights, reference ids, reference logits)."""
@@ -83,7 +75,7 @@ def test_kv_cache_decoder_equals_full_forwards_past_the_base_length(references, 
     assert len(PROMPT) == 4 * BASE and len(PROMPT) + NEW > config.max_seq_len
     decoder = LaneDecoder(config, weights, range(config.n_lanes), torch.device("cpu"))
     assert greedy(decoder, PROMPT, NEW).ids == ids
-    torch.testing.assert_close(decoder_logits(decoder, PROMPT, ids), logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(stepwise_logits(decoder, ids, PROMPT), logits, rtol=1e-4, atol=1e-4)
     assert len(set(ids)) > 1  # not one token repeated: the equality says something
 
 
