@@ -14,8 +14,8 @@ At least one of --core, --lm-eval, --humaneval, --evalplus, --loss-by-position. 
 the checkpoint's own (models.laneformer.checkpoint.Checkpoint.open_tokenizer), never a default.
 
 --loss-by-position N: the held-out loss by position in the document that the training loop logs
-(``[eval] position_buckets``), ``eval/val_loss_pos/<start>-<end>`` in N equal buckets of L tokens
-(default: the checkpoint's max_seq_len), on the first S rows of L tokens of each --held-out set
+(``[eval] position_buckets``), ``eval/val_loss_pos/<start>-<end>`` in N buckets of L tokens
+(default: the checkpoint's max_seq_len; edges i x L // N, as in the loop), on the first S rows of L tokens of each --held-out set
 (eval.position_loss): a source split by data.held_out or a tokenized folder, named as the run names
 it so that its rows are the run's.
 
@@ -114,9 +114,8 @@ def position_problems(seq_len: int | None, buckets: int, max_seq_len: int | None
     if max_seq_len is not None and seq_len > max_seq_len:
         problems.append(f"--seq-len {seq_len} exceeds the checkpoint's max_seq_len {max_seq_len} (a longer context "
                         "for a DCP checkpoint: --set max_seq_len=N)")
-    if seq_len % buckets:
-        problems.append(f"--loss-by-position {buckets} does not divide --seq-len {seq_len} into equal buckets: give a "
-                        f"divisor of {seq_len}")
+    if buckets > seq_len:  # the loop's rule (bucket_edges): at most one bucket a token, edges i * L // N
+        problems.append(f"--loss-by-position {buckets}: more buckets than --seq-len {seq_len} has tokens")
     return problems
 
 
@@ -181,8 +180,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--max-new-tokens", type=int, default=default("evalplus_max_new_tokens"),
                    help="completion length limit (default: each benchmark's own: HumanEval 512, EvalPlus 768)")
     p.add_argument("--loss-by-position", type=int, default=default("position_buckets"), metavar="N",
-                   help="held-out loss by position in the document, eval/val_loss_pos/<start>-<end>, in N equal "
-                        "buckets of --seq-len (N must divide it), on the --held-out sets: the numbers of a run's "
+                   help="held-out loss by position in the document, eval/val_loss_pos/<start>-<end>, in N "
+                        "buckets of --seq-len (edges i x L // N, as in the loop), on the --held-out sets: the numbers of a run's "
                         "[eval] position_buckets")
     p.add_argument("--held-out", metavar="[NAME=]DIR,...", help="held-out sets for --loss-by-position: a source split "
                    "by python -m data.held_out (its held_out/ is read) or a tokenized folder; NAME (default: the "

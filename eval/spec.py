@@ -33,7 +33,7 @@ class EvalSpec:
     # the first val_samples x seq_len of its stream, cut into sequences of that length), e.g. [4096, 16384]
     # in a long-context phase: its short-context loss beside its long one. Names: train.metric_names.at_length.
     val_seq_lens: list[int] = field(default_factory=list)
-    # Held-out loss by position in the document (eval.position_loss), in this many equal buckets of the
+    # Held-out loss by position in the document (eval.position_loss), in this many buckets (edges i x L // N) of the
     # longest validation length; 0: none.
     position_buckets: int = 0
     core_bundle: str | None = None  # a DCLM CORE bundle folder

@@ -27,7 +27,7 @@ from tests.data.test_held_out_split import TOK, write_source
 from tests.eval.test_eval_harness import exported  # noqa: F401  (the fixture: a tiny model, DCP and export)
 from train.callbacks.eval import Eval
 
-SEQ_LEN, MICRO, SAMPLES, BUCKETS = 64, 2, 5, 4  # 5 samples: the last batch holds a padding row
+SEQ_LEN, MICRO, SAMPLES, BUCKETS = 64, 2, 5, 3  # 5 samples: the last batch holds a padding row; 3 buckets: 21, 21, 22
 
 
 def documents(n: int, seed: int, longest: int) -> list[tuple[int, ...]]:
@@ -116,10 +116,10 @@ def test_the_loop_logs_each_bucket_as_the_mean_loss_of_the_tokens_at_those_docum
 
 
 def test_a_bucket_no_token_reaches_has_no_number(model, tmp_path):
-    """Documents of at most 31 tokens (BOS + 29 + EOS): positions 32 and on are never reached."""
+    """Documents of at most 31 tokens (BOS + 29 + EOS): positions 31 and on are never reached."""
     sets = {"short": str(write_source(tmp_path / "short", [documents(60, 3, 30)]))}
     got = callback_validation(model, sets, position_buckets=BUCKETS)
-    assert [k for k in got if bucket_of(k)] == [position_metric(0, 16), position_metric(16, 32)]
+    assert [k for k in got if bucket_of(k)] == [position_metric(0, 21), position_metric(21, 42)]  # not 42-64
     scored = {k: got[k] for k in got if bucket_of(k)}
     assert scored == pytest.approx(by_hand(model, sets, bucket_edges(SEQ_LEN, BUCKETS)), rel=1e-6)
 
@@ -241,8 +241,8 @@ def test_eval_run_refuses_bad_input_naming_the_flag(exported, held_out, tmp_path
         ("--held-out", str(tmp_path / "empty")): "holds neither held_out/manifest.json (a source split by python -m "
                                                  "data.held_out) nor a manifest.json (a tokenized folder)",
         ("--held-out", f"{plain},{plain}"): "--held-out: two sets named 'plain'",
-        ("--held-out", plain, "--seq-len", "64", "--loss-by-position", "3"):
-            "--loss-by-position 3 does not divide --seq-len 64 into equal buckets",
+        ("--held-out", plain, "--seq-len", "64", "--loss-by-position", "65"):
+            "--loss-by-position 65: more buckets than --seq-len 64 has tokens",
         ("--held-out", plain, "--seq-len", "0"): "--seq-len: must be > 0 (got 0)",
         ("--held-out", plain, "--val-samples", "0"): "--val-samples: must be > 0 (got 0)",
         ("--held-out", plain, "--loss-by-position", "-1"): "--loss-by-position: must be >= 0 (got -1; 0: none)",
@@ -257,9 +257,9 @@ def test_eval_run_refuses_bad_input_naming_the_flag(exported, held_out, tmp_path
         capsys, ["--checkpoint", none, "--core", str(tmp_path), "--held-out", plain])
     assert "--seq-len: only --loss-by-position N reads it" in exit_2(
         capsys, ["--checkpoint", none, "--core", str(tmp_path), "--seq-len", "64"])
-    # against the loaded model: a length beyond it (RoPE's tables end there), a default length N does not divide
+    # against the loaded model: a length beyond it (RoPE's tables end there), a default length of fewer tokens than N
     assert "--seq-len 2048 exceeds the checkpoint's max_seq_len 1024 (a longer context for a DCP checkpoint: " \
            "--set max_seq_len=N)" in exit_2(capsys, ["--checkpoint", str(hf_dir), "--loss-by-position", "4",
                                                    "--held-out", plain, "--seq-len", "2048"])
-    assert "--loss-by-position 3 does not divide --seq-len 1024" in exit_2(
-        capsys, ["--checkpoint", str(hf_dir), "--loss-by-position", "3", "--held-out", plain])
+    assert "--loss-by-position 1025: more buckets than --seq-len 1024 has tokens" in exit_2(
+        capsys, ["--checkpoint", str(hf_dir), "--loss-by-position", "1025", "--held-out", plain])
