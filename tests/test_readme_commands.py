@@ -268,6 +268,34 @@ def titan_run(work: dict, out: str) -> None:
     assert sorted(losses(Path(work["tmp"]) / "titan")) == [1, 2]
 
 
+def made_the_bundled_long_data(work: dict, out: str) -> None:
+    from tests.data.test_passkey import assert_bundled
+
+    assert_bundled(Path(work["tmp"]) / "long-assets")
+
+
+def plan_rows_as_the_readme_quotes(work: dict, out: str) -> None:
+    """Every row of the README's plan-at-length table is a row --plan printed (the README shows all its
+    columns but accumulation, CP GB/step and MFU)."""
+    quoted = [line.split() for line in README.read_text().splitlines() if re.match(r"^\d+,\d+ +H[12]00 ", line)]
+    printed = {tuple(row[:3]): row for row in (line.split() for line in out.splitlines()) if len(row) == 11}
+    assert len(quoted) == 8, quoted
+    for row in quoted:
+        got = printed.get(tuple(row[:3]))
+        assert got is not None and row == got[:7] + got[9:10], (row, got)
+
+
+def long_run_scored_by_position(work: dict, out: str) -> None:
+    """tiny-long from the tiny run: a model of 512 tokens with YaRN on its full layers, and its end-of-run
+    eval holds the loss in 8 buckets of 512 positions."""
+    run = Path(work["tmp"]) / "tiny-long"
+    config = json.loads((run / "laneformer_config.json").read_text())
+    assert (config["max_seq_len"], config["rope_scaling"], config["rope_scaling_factor"]) == (512, "yarn", 4.0), config
+    metrics = json.loads((run / "evals" / "step-2.json").read_text())["metrics"]
+    assert [k for k in metrics if k.startswith("eval/val_loss_pos/")] == [
+        f"eval/val_loss_pos/{a}-{a + 64}" for a in range(0, 512, 64)], metrics
+
+
 # ---- the README's commands ------------------------------------------------------------------------
 
 SHORT_RUN = ("--set run.output_dir={run} --set training.steps=6 --set schedule.warmup_steps=2 "
@@ -461,6 +489,37 @@ COMMANDS: dict[str, Here | Same | Skip] = {
     "python -m eval.run --checkpoint exports/laneformer-2b --core core_bundle": Same(CORE),
     "python -m models.laneformer.push exports/laneformer-2b --repo-id ORG/laneformer-2b": Skip(NETWORK, "uploads to "
         "the Hub (its --dry-run runs above)", "tests/models/test_push.py"),
+    # --- long context ---
+    "python train.py --recipe long --dry-run": Here("python train.py --recipe long --dry-run",
+                                                    "context parallelism at the recipe's 16,384 tokens", rc=2,
+                                                    check=prints("not needed on H100 80GB or H200 141GB")),
+    "python train.py --recipe long --plan --gpus 192": Here("python train.py --recipe long --plan --gpus 192",
+                                                            "65,536 tokens: CP 4 on H100 80GB, CP 2 on H200 141GB",
+                                                            check=plan_rows_as_the_readme_quotes),
+    "torchrun --nproc-per-node 8 train.py --recipe long": Skip(GPU, "the 2B's long phase on GPUs from phase 2's "
+                                                                    "checkpoint; tiny-long runs here below"),
+    "python -m data.make_passkey": Here("python -m data.make_passkey --out {tmp}/long-assets",
+                                        "passkey: 236 documents, 120,832 tokens", check=made_the_bundled_long_data),
+    "python train.py --recipe tiny-long": Here("python train.py --recipe tiny-long --set checkpoint.init_from={run} "
+                                               "--set run.output_dir={tmp}/tiny-long --set training.steps=2 "
+                                               "--set training.global_batch=2 --set training.micro_batch=2 "
+                                               "--set schedule.warmup_steps=1 --set checkpoint.interval=2 "
+                                               "--set eval.val_samples=2 --set logging.report=false",
+                                               "final loss: ", check=long_run_scored_by_position),
+    "python -m eval.run --checkpoint runs/tiny-long --loss-by-position 8 --held-out long=assets/long --seq-len 512 "
+    "--val-samples 12": Here("python -m eval.run --checkpoint {tmp}/tiny-long --loss-by-position 8 "
+                             "--held-out long=assets/long --seq-len 512 --val-samples 2", "eval/val_loss_pos/448-512"),
+    "python -m eval.run --checkpoint runs/tiny --set max_seq_len=512 --loss-by-position 8 --held-out long=assets/long "
+    "--seq-len 512 --val-samples 12": Here("python -m eval.run --checkpoint {run} --set max_seq_len=512 "
+                                           "--loss-by-position 8 --held-out long=assets/long --seq-len 512 "
+                                           "--val-samples 2", "eval/val_loss_pos/448-512"),
+    "python -m eval.passkey runs/tiny-long": Here("python -m eval.passkey {tmp}/tiny-long --limit 2", "length 512",
+                                                  check=prints("accuracy ")),
+    "python -m eval.passkey runs/tiny --set max_seq_len=512": Here("python -m eval.passkey {run} --set max_seq_len=512 "
+                                                                   "--limit 2", "length 512"),
+    "python -m eval.run --checkpoint runs/tiny-long --lm-eval niah_single_1 --limit 20":
+        Here("python -m eval.run --checkpoint {tmp}/tiny-long --lm-eval niah_single_1 --limit 1",
+             "lm_eval/niah_single_1/512"),
 }
 
 TODO = ('add to COMMANDS in tests/test_readme_commands.py: "{c}": Here("<the command with placeholders filled: '
@@ -496,7 +555,7 @@ def test_a_same_entry_points_at_a_command_that_runs_and_a_skip_is_reasoned():
     for readme, entry in COMMANDS.items():
         if isinstance(entry, Skip):
             skipped.setdefault(entry.kind, []).append(readme.split(" [")[0][:40])
-    assert {k: len(v) for k, v in skipped.items()} == {SUITE: 2, GPU: 4, NETWORK: 6, LONG: 10, SLURM: 3}, skipped
+    assert {k: len(v) for k, v in skipped.items()} == {SUITE: 2, GPU: 5, NETWORK: 6, LONG: 10, SLURM: 3}, skipped
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,105 @@
+"""Passkey retrieval: greedy answers to held-out passkey documents (data.make_passkey), scored exactly.
+
+    python -m eval.passkey CHECKPOINT [--data assets/passkey/held_out] [--set max_seq_len=512] [--limit N]
+
+Each document of the tokenized folder is split by ``data.make_passkey.split_prompt`` into the
+prompt (BOS to the question's ``▁``) and the key's digits; the model decodes as many tokens
+greedily (``models.laneformer.generate``: the KV-cache decoder, every lane in this process),
+and a document counts as answered when all of them equal the key. Chance is 1 in 30,240 (5
+distinct digits). Prints the accuracy, the share of digits right, the accuracy by the key's
+position in the document (in 128-token buckets) and the documents' length; ``--json`` writes it.
+``CHECKPOINT`` is a run dir, a DCP step dir or an HF export (``open_checkpoint``); ``--set``
+overrides its model config, e.g. ``max_seq_len=512`` for a model trained shorter (its RoPE tables
+are sized by it; nothing else changes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from data.make_passkey import split_prompt
+from data.shards import open_source
+from data.tokenizer import Tokenizer
+from models.laneformer.checkpoint import open_checkpoint, parse_overrides
+from models.laneformer.generate import LaneDecoder, greedy
+
+DEFAULT_DATA = Path("assets/passkey/held_out")
+BUCKET = 128  # tokens: the accuracy by where the key is
+
+
+def documents(folder: str | Path) -> list[list[int]]:
+    """Every document of a tokenized folder, in shard order."""
+    return [[int(t) for t in shard.document(i)] for shard in open_source(folder).shards
+            for i in range(shard.num_documents)]
+
+
+def decoder_for(path: str | Path, overrides: dict | None = None,
+                device: torch.device | str = "cpu") -> tuple[LaneDecoder, Tokenizer]:
+    """The KV-cache decoder of a checkpoint (every lane, one process) and its own tokenizer."""
+    checkpoint = open_checkpoint(path)
+    config = checkpoint.model_config(overrides=overrides or {})
+    tokenizer, _ = checkpoint.open_tokenizer(None, config.vocab_size)
+    weights = checkpoint.load_weights(config)
+    return LaneDecoder(config, weights, range(config.n_lanes), torch.device(device)), tokenizer
+
+
+def key_position(prompt: list[int], tokenizer) -> int:
+    """Where the needle's key starts: the prompt's first digit (the filler has none); -1 if none."""
+    digits = {tokenizer.encode(f"0{d}")[-1] for d in range(10)}
+    return next((i for i, t in enumerate(prompt) if t in digits), -1)
+
+
+def evaluate(decoder: LaneDecoder, tokenizer, docs: list[list[int]]) -> dict:
+    """Accuracy (every digit of the key) and digit accuracy of greedy answers, with each document's result."""
+    results = []
+    for ids in docs:
+        prompt, answer = split_prompt(ids, tokenizer)
+        got = greedy(decoder, prompt, len(answer)).ids  # no EOS stop: an early EOS is a wrong digit
+        results.append({"key": tokenizer.decode(answer), "answer": got, "expected": answer,
+                        "correct": got == answer, "digits": sum(a == b for a, b in zip(got, answer)),
+                        "key_position": key_position(prompt, tokenizer), "length": len(ids)})
+    n = len(results)
+    by_position: dict[str, list[int]] = {}
+    for r in results:
+        lo = r["key_position"] // BUCKET * BUCKET
+        by_position.setdefault(f"{lo}-{lo + BUCKET}", []).append(r["correct"])
+    return {"documents": n, "accuracy": sum(r["correct"] for r in results) / n,
+            "digit_accuracy": sum(r["digits"] for r in results) / sum(len(r["expected"]) for r in results),
+            "by_key_position": {k: {"documents": len(v), "accuracy": sum(v) / len(v)}
+                                for k, v in sorted(by_position.items(), key=lambda kv: int(kv[0].split("-")[0]))},
+            "lengths": sorted({r["length"] for r in results}), "results": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m eval.passkey", description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoint", help="a run dir, a DCP step dir or an HF export")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="tokenized passkey documents")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="model config override")
+    p.add_argument("--limit", type=int, default=None, help="the first N documents only")
+    p.add_argument("--json", type=Path, default=None, help="write the result here")
+    a = p.parse_args(argv)
+    decoder, tokenizer = decoder_for(a.checkpoint, parse_overrides(a.set))
+    docs = documents(a.data)[: a.limit]
+    longest = max(len(d) for d in docs)
+    if longest > decoder.cfg.max_seq_len:
+        print(f"{a.data}: documents of {longest} tokens exceed model.max_seq_len={decoder.cfg.max_seq_len}; "
+              f"pass --set max_seq_len={longest}", file=sys.stderr)
+        return 2
+    out = evaluate(decoder, tokenizer, docs)
+    print(f"passkey {a.checkpoint} on {a.data}: accuracy {out['accuracy']:.3f} "
+          f"({sum(r['correct'] for r in out['results'])}/{out['documents']}), digits {out['digit_accuracy']:.3f}, "
+          f"length {','.join(map(str, out['lengths']))}")
+    for bucket, v in out["by_key_position"].items():
+        print(f"  key at {bucket}: {v['accuracy']:.3f} of {v['documents']}")
+    if a.json:
+        a.json.write_text(json.dumps({k: v for k, v in out.items()}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""eval.passkey against a greedy loop written out by hand, on a real tiny Laneformer and hand-made documents.
+
+The model is a random tiny Laneformer (8 lanes, window and full layers, 512 positions) whose
+``lm_head`` rows of every id but the ten digits are zero, so that its greedy answers are digits
+(the other logits are 0; a digit's is the largest in all but a ~1/1024 chance per step): its forward,
+its decoder and its checkpoint are the real ones. The hand-made documents are generated passkey
+documents whose answer is, in some, replaced by the model's own greedy answer, computed by hand (the
+whole sequence through ``Laneformer.forward`` again at every step, no KV cache, the answer cut at
+the document's tail by its length): the evaluator must read the prompts, decode, and score exactly
+as that loop does, from a run dir on disk through its CLI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from data import make_passkey as P
+from data.shards import write_manifest, write_shard
+from data.tokenize import tokenizer_info
+from data.tokenizer import TINY_TOKENIZER, Tokenizer
+from eval import passkey as E
+from models.laneformer import laneformer_configs, write_native_config
+from models.laneformer.attention import attention_config
+from models.laneformer.generate import random_weights
+from models.laneformer.hf.checkpoint_io import save_dcp
+from rundir import REPO
+from tests.models.conftest import model_from_weights
+
+K = P.KEY_DIGITS
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory):
+    tok = Tokenizer(TINY_TOKENIZER)
+    config = dataclasses.replace(laneformer_configs["tiny"](), max_seq_len=P.SEQ_LEN,
+                                 inner_attention=attention_config("dense"))
+    weights = random_weights(config, range(config.n_lanes), seed=5)
+    digits = [tok.encode(f"0{d}")[-1] for d in range(10)]
+    keep = torch.zeros(config.vocab_size, 1)
+    keep[digits] = 1
+    weights["lm_head.weight"] = weights["lm_head.weight"] * keep
+    run = tmp_path_factory.mktemp("passkey") / "run"
+    save_dcp(weights, run / "checkpoints" / "step-1")
+    write_native_config(config, run)
+    (run / "recipe.toml").write_text(f'[data]\ntokenizer = "{TINY_TOKENIZER}"\n')
+
+    model = model_from_weights(config, weights)
+    docs, by_hand = [], []
+    for i, d in enumerate(P.passkey_documents(tok, REPO / "assets" / "sample_data" / "prose", n=6, seed=2)):
+        ids = tok.encode_document(d["text"])
+        prompt, tail = ids[:-(K + 2)], ids[-2:]  # by hand: "<key digits> . </s>" end every document
+        seq = list(prompt)
+        with torch.no_grad():
+            for _ in range(K):
+                seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
+        got = seq[len(prompt):]
+        if i % 2 == 0:  # these answer what the model says
+            assert all(t in digits for t in got)
+            ids = prompt + got + tail
+        docs.append(ids)
+        by_hand.append(got)
+    data = run.parent / "docs"
+    data.mkdir()
+    write_shard(data / "00000_unshuffled.ds", docs)
+    write_manifest(data, tokenizer_info(tok), {"kind": "hand-made passkey documents"})
+    return run, data, docs, by_hand
+
+
+def test_accuracy_equals_a_greedy_loop_by_hand(case, tmp_path, capsys):
+    run, data, docs, by_hand = case
+    assert E.main([str(run), "--data", str(data), "--json", str(tmp_path / "out.json")]) == 0
+    out = json.loads((tmp_path / "out.json").read_text())
+    expected = [d[-(K + 2):-2] for d in docs]
+    right = [g == e for g, e in zip(by_hand, expected)]
+    assert right == [True, False] * 3  # the hand-made case: half answered, half not
+    assert [r["answer"] for r in out["results"]] == by_hand
+    assert [r["correct"] for r in out["results"]] == right
+    assert out["accuracy"] == 0.5 and out["documents"] == 6 and out["lengths"] == [P.SEQ_LEN]
+    assert out["digit_accuracy"] == sum(a == b for g, e in zip(by_hand, expected) for a, b in zip(g, e)) / (6 * K)
+    assert sum(v["documents"] for v in out["by_key_position"].values()) == 6
+    assert "accuracy 0.500 (3/6)" in capsys.readouterr().out
+
+
+def test_documents_longer_than_the_model_are_refused(case, capsys):
+    run, data, _, _ = case
+    assert E.main([str(run), "--data", str(data), "--set", "max_seq_len=256"]) == 2
+    assert f"documents of {P.SEQ_LEN} tokens exceed model.max_seq_len=256" in capsys.readouterr().err
+
+
+def test_the_bundled_held_out_documents_read_as_passkey_documents():
+    docs = E.documents(E.DEFAULT_DATA if E.DEFAULT_DATA.is_absolute() else REPO / E.DEFAULT_DATA)
+    tok = Tokenizer(TINY_TOKENIZER)
+    assert len(docs) >= 50 and {len(d) for d in docs} == {P.SEQ_LEN}
+    positions = [E.key_position(P.split_prompt(d, tok)[0], tok) for d in docs]
+    assert min(positions) < 128 and max(positions) > 384  # keys at every depth
