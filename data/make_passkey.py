@@ -18,8 +18,8 @@ a uniform random depth, more filler, then the question ``What is the pass key? T
   at the key; its 5 digits are all different (chance: 1 in 30,240);
 - every document is exactly ``SEQ_LEN`` tokens, so each packed sample is one whole document.
 
-Measured: the tiny model does not learn it in a few CPU minutes (README, "Long context"), nor
-one digit hidden in the classic repeated filler, in probes of up to 600 steps.
+Measured: the tiny model does not learn it in a few CPU minutes (README, "Long context": 0 of 64
+held-out documents after tiny-long, 0 of 30 after 600 steps of this task alone).
 
 Keys are unique across documents, so a held-out document's key is in no training
 document. ``held_out/`` is the usual hashed choice (data.held_out) at ``PASSKEY_HELD_OUT``
