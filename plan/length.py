@@ -49,18 +49,13 @@ CP_DEGREES = (1, 2, 4, 8)  # up to one node of 8 GPUs: CP's collectives stay on 
 GB = 1e9
 
 
-def context_parallel(recipe: R.Recipe) -> int:
-    """``[parallel] context_parallel``; 1 where the recipe schema has no such key yet."""
-    return getattr(recipe.parallel, "context_parallel", 1)
-
-
 def _dp_degrees(recipe: R.Recipe, ranks: int) -> tuple[int, int]:
     """(replicate, shard) of the recipe's layout on ``ranks`` data-parallel ranks. The CP degree is the
     caller's: a recipe's own ``context_parallel`` is set aside, so that a ``dp_degrees`` that divides the
     world by it does not divide twice."""
-    if context_parallel(recipe) != 1:
+    if recipe.parallel.context_parallel != 1:
         recipe = copy.copy(recipe)
-        recipe.parallel = dataclasses.replace(recipe.parallel, **{"context_parallel": 1})
+        recipe.parallel = dataclasses.replace(recipe.parallel, context_parallel=1)
     return R.dp_degrees(recipe, ranks)
 
 
@@ -203,7 +198,8 @@ class RecipeNeed:
     rows: list[Row]
 
     def lines(self) -> list[str]:
-        t, p, have = self.recipe.training, self.recipe.parallel, context_parallel(self.recipe)
+        t, p = self.recipe.training, self.recipe.parallel
+        have = p.context_parallel
         needed = [r for r in self.rows if r.cp != 1]
         head = (f"context parallelism at the recipe's {t.seq_len:,} tokens (micro batch {t.micro_batch}, activation "
                 f"checkpointing {p.activation_checkpoint}, {self.gpus} GPUs; fits: peak at most {FIT_FRACTION:.0%} "
