@@ -15,7 +15,7 @@ a uniform random depth, more filler, then the question ``What is the pass key? T
   pass is predicted by the same circuit one period back (further than the window layers' 32
   tokens: only the full layers can);
 - the tiny tokenizer splits digits and the filler has none, so a digit after ``▁`` occurs only
-  at the key; its 5 digits are all different (chance: 1 in 30,240);
+  at the key; its 5 digits are all different (chance: 1 in 27,216, the first digit not 0);
 - every document is exactly ``SEQ_LEN`` tokens, so each packed sample is one whole document.
 
 Measured: the tiny model does not learn it in a few CPU minutes (README, "Long context": 0 of 64
@@ -43,14 +43,13 @@ interpreter's standard library). No raw jsonl is kept: it is bigger than the sha
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import re
 import shutil
 import tempfile
 from pathlib import Path
 
-from data.make_sample_data import tokenize_into_assets
+from data.make_sample_data import CODE_BYTES, MAX_FILE_BYTES, tokenize_into_assets, write_jsonl
 from data.sample_corpus import code_documents
 from data.shards import open_source
 from data.tokenizer import TINY_TOKENIZER, Tokenizer
@@ -62,9 +61,8 @@ QUESTION = "What is the pass key? The pass key is"
 PERIOD = (40, 160)  # tokens of the filler's passage, repeated: longer than the window layers' 32
 DOCUMENTS = 300  # passkey documents in all (1 KB each on disk)
 MAX_WORD_TOKENS = 3  # the filler's words: of at most this many tokens
-PASSKEY_HELD_OUT = 0.2  # of the passkey documents (~60), by data.held_out's hash
+PASSKEY_HELD_OUT = 0.2  # of the passkey documents (64 of 300), by data.held_out's hash
 PROSE = Path("assets/sample_data/prose")  # its training shards give the filler text
-SAMPLE_CODE_BYTES = 1_500_000  # data.make_sample_data's default: the stdlib files up to here are sample_data's
 MAX_REPO_BYTES = 16_000  # a module or package of more text is skipped (keeps the bundle small, documents many)
 LONG_BYTES = 450_000  # text of the long source, in all
 LONG_HELD_OUT = 0.2
@@ -159,8 +157,8 @@ def split_prompt(ids, tok: Tokenizer) -> tuple[list[int], list[int]]:
 def long_documents(max_repo_bytes: int = MAX_REPO_BYTES, budget: int = LONG_BYTES) -> list[dict]:
     """``{"id", "text", "repo", "path"}`` rows: stdlib files past sample_data's, grouped by module or package
     (``repo``), whole repos of at most ``max_repo_bytes`` in sorted order until ``budget`` bytes of text."""
-    sample = code_documents(SAMPLE_CODE_BYTES, max_file_bytes=40_000)
-    rest = code_documents(10 ** 10, max_file_bytes=40_000)[len(sample):]
+    sample = code_documents(CODE_BYTES, max_file_bytes=MAX_FILE_BYTES)  # sample_data's code source
+    rest = code_documents(10 ** 10, max_file_bytes=MAX_FILE_BYTES)[len(sample):]
     repos: dict[str, list[tuple[str, str]]] = {}
     for doc_id, text in rest:
         parts = doc_id.split("/")[1:]  # "stdlib/json/decoder.py" -> json; "stdlib/glob.py" -> glob
@@ -177,14 +175,6 @@ def long_documents(max_repo_bytes: int = MAX_REPO_BYTES, budget: int = LONG_BYTE
     return rows
 
 
-def _write_jsonl(folder: Path, rows: list[dict], tasks: int) -> None:
-    folder.mkdir()
-    for part in range(tasks):  # one input file per task: JsonlReader splits by file
-        with open(folder / f"part{part}.jsonl", "w") as f:
-            for row in rows[part::tasks]:
-                f.write(json.dumps(row) + "\n")
-
-
 def build(out: Path, prose: Path = PROSE) -> dict:
     tok = Tokenizer(TINY_TOKENIZER)
     docs = passkey_documents(tok, prose)
@@ -192,7 +182,7 @@ def build(out: Path, prose: Path = PROSE) -> dict:
     manifests = {}
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "passkey"
-        _write_jsonl(raw, [{"id": d["id"], "text": d["text"]} for d in docs], 1)
+        write_jsonl(raw, [{"id": d["id"], "text": d["text"]} for d in docs], 1)
         dest = out / "passkey"
         shutil.rmtree(dest, ignore_errors=True)
         desc = {"kind": "passkey", "source": "passkey", "documents": len(docs), "seq_len": SEQ_LEN,
@@ -203,7 +193,7 @@ def build(out: Path, prose: Path = PROSE) -> dict:
                 "regenerate": "python -m data.make_passkey"}
         manifests["passkey"] = tokenize_into_assets(raw, dest, desc, held_out=PASSKEY_HELD_OUT)
         raw = Path(tmp) / "long"
-        _write_jsonl(raw, long_rows, 2)
+        write_jsonl(raw, long_rows, 2)
         dest = out / "long"
         shutil.rmtree(dest, ignore_errors=True)
         desc = {"kind": "sample_corpus", "source": "long", "documents": len({r["repo"] for r in long_rows}),

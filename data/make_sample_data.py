@@ -23,25 +23,33 @@ from data.shards import LOGS_DIR
 from data.sample_corpus import code_documents, prose_documents
 from data.tokenizer import TINY_TOKENIZER
 
+CODE_BYTES = 1_500_000  # of stdlib text in the code source (--code-bytes); data.make_passkey's long source starts after
+MAX_FILE_BYTES = 40_000  # a stdlib file of more text is skipped
 SOURCES = {
     "prose": ("license texts (/usr/share/common-licenses) and pydoc_data topics", lambda a: prose_documents()),
-    "code": ("CPython standard library modules, sorted by path", lambda a: code_documents(a.code_bytes, max_file_bytes=40_000)),
+    "code": ("CPython standard library modules, sorted by path",
+             lambda a: code_documents(a.code_bytes, max_file_bytes=MAX_FILE_BYTES)),
 }
 HELD_OUT = 0.1  # of each source's documents: ~9 of prose's 93, ~15 of code's 140 (recipes/tiny*.toml's [data] held_out)
 
 
-def build(out: Path, code_bytes: int = 1_500_000, tasks: int = 2) -> dict:
+def write_jsonl(folder: Path, rows: list[dict], tasks: int) -> None:
+    """``rows`` into ``folder/part<i>.jsonl``, one file per data.tokenize task (JsonlReader splits by file)."""
+    folder.mkdir()
+    for part in range(tasks):
+        with open(folder / f"part{part}.jsonl", "w") as f:
+            for row in rows[part::tasks]:
+                f.write(json.dumps(row) + "\n")
+
+
+def build(out: Path, code_bytes: int = CODE_BYTES, tasks: int = 2) -> dict:
     manifests = {}
     args = argparse.Namespace(code_bytes=code_bytes)
     with tempfile.TemporaryDirectory() as tmp:
         for name, (what, documents) in SOURCES.items():
             docs = documents(args)
             raw = Path(tmp) / name
-            raw.mkdir()
-            for part in range(tasks):  # one input file per task: JsonlReader splits by file
-                with open(raw / f"part{part}.jsonl", "w") as f:
-                    for doc_id, text in docs[part::tasks]:
-                        f.write(json.dumps({"id": doc_id, "text": text}) + "\n")
+            write_jsonl(raw, [{"id": doc_id, "text": text} for doc_id, text in docs], tasks)
             dest = out / name
             shutil.rmtree(dest, ignore_errors=True)
             desc = {"kind": "sample_corpus", "source": name, "contents": what, "documents": len(docs),
@@ -63,7 +71,7 @@ def tokenize_into_assets(raw: Path, dest: Path, description: dict, **kwargs) -> 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("assets/sample_data"))
-    p.add_argument("--code-bytes", type=int, default=1_500_000)
+    p.add_argument("--code-bytes", type=int, default=CODE_BYTES)
     a = p.parse_args()
     for name, m in build(a.out, a.code_bytes).items():
         print(f"{a.out / name}: {m['num_documents']} documents, {m['num_tokens']:,} tokens; held out: "

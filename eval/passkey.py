@@ -5,9 +5,11 @@
 Each document of the tokenized folder is split by ``data.make_passkey.split_prompt`` into the
 prompt (BOS to the question's ``▁``) and the key's digits; the model decodes as many tokens
 greedily (``models.laneformer.generate``: the KV-cache decoder, every lane in this process),
-and a document counts as answered when all of them equal the key. Chance is 1 in 30,240 (5
-distinct digits). Prints the accuracy, the share of digits right, the accuracy by the key's
-position in the document (in 128-token buckets) and the documents' length; ``--json`` writes it.
+and a document counts as answered when all of them equal the key. Chance is 1 in 27,216 (5
+distinct digits, the first not 0: data.make_passkey.keys). Prints the accuracy, the share of digits
+right, the accuracy by the key's position in the document (in 128-token buckets) and the documents'
+length; ``--json`` writes it. Bad input (a folder of other documents or another tokenizer's, a
+missing checkpoint) is refused with exit 2 before the weights load.
 ``CHECKPOINT`` is a run dir, a DCP step dir or an HF export (``open_checkpoint``); ``--set``
 overrides its model config, e.g. ``max_seq_len=512`` for a model trained shorter (its RoPE tables
 are sized by it; nothing else changes).
@@ -24,28 +26,33 @@ import torch
 
 from data.make_passkey import split_prompt
 from data.shards import open_source
-from data.tokenizer import Tokenizer
 from models.laneformer.checkpoint import open_checkpoint, parse_overrides
 from models.laneformer.generate import LaneDecoder, greedy
+from rundir import REPO
 
-DEFAULT_DATA = Path("assets/passkey/held_out")
+DEFAULT_DATA = REPO / "assets" / "passkey" / "held_out"
 BUCKET = 128  # tokens: the accuracy by where the key is
 
 
-def documents(folder: str | Path) -> list[list[int]]:
-    """Every document of a tokenized folder, in shard order."""
-    return [[int(t) for t in shard.document(i)] for shard in open_source(folder).shards
-            for i in range(shard.num_documents)]
-
-
-def decoder_for(path: str | Path, overrides: dict | None = None,
-                device: torch.device | str = "cpu") -> tuple[LaneDecoder, Tokenizer]:
-    """The KV-cache decoder of a checkpoint (every lane, one process) and its own tokenizer."""
-    checkpoint = open_checkpoint(path)
-    config = checkpoint.model_config(overrides=overrides or {})
-    tokenizer, _ = checkpoint.open_tokenizer(None, config.vocab_size)
-    weights = checkpoint.load_weights(config)
-    return LaneDecoder(config, weights, range(config.n_lanes), torch.device(device)), tokenizer
+def documents(folder: str | Path, tokenizer, vocab_size: int) -> list[list[int]]:
+    """Every document of a tokenized folder (its ``held_out/`` if it has one, as eval.run's --held-out
+    reads a split source), in shard order, each read by ``split_prompt``. Raises ValueError naming
+    --data and the document: a folder tokenized with another tokenizer, or one that is not a passkey
+    document."""
+    folder = Path(folder)
+    if (folder / "held_out" / "manifest.json").is_file():
+        folder = folder / "held_out"
+    try:
+        source = open_source(folder, getattr(tokenizer, "fingerprint", None), vocab_size)
+    except ValueError as e:
+        raise ValueError(f"--data {folder}: {e}") from None
+    docs = [[int(t) for t in shard.document(i)] for shard in source.shards for i in range(shard.num_documents)]
+    for i, ids in enumerate(docs):
+        try:
+            split_prompt(ids, tokenizer)
+        except ValueError as e:
+            raise ValueError(f"--data {folder}: document {i}: {e}") from None
+    return docs
 
 
 def key_position(prompt: list[int], tokenizer) -> int:
@@ -75,29 +82,49 @@ def evaluate(decoder: LaneDecoder, tokenizer, docs: list[list[int]]) -> dict:
             "lengths": sorted({r["length"] for r in results}), "results": results}
 
 
+def run(args: argparse.Namespace) -> dict:
+    """The checkpoint's config and own tokenizer, the documents read and checked, then the weights and
+    the answers: bad input is said before the weights load."""
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit: must be >= 1 (got {args.limit})")
+    checkpoint = open_checkpoint(args.checkpoint)
+    config = checkpoint.model_config(overrides=parse_overrides(args.set))
+    tokenizer, notes = checkpoint.open_tokenizer(None, config.vocab_size)
+    for note in notes:
+        print(note, file=sys.stderr)
+    docs = documents(args.data, tokenizer, config.vocab_size)[: args.limit]
+    if not docs:
+        raise ValueError(f"--data {args.data}: no documents")
+    longest = max(len(d) for d in docs)
+    if longest > config.max_seq_len:
+        raise ValueError(f"--data {args.data}: documents of {longest} tokens exceed model.max_seq_len="
+                         f"{config.max_seq_len}; pass --set max_seq_len={longest}")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    decoder = LaneDecoder(config, checkpoint.load_weights(config), range(config.n_lanes), device)
+    return evaluate(decoder, tokenizer, docs)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m eval.passkey", description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", help="a run dir, a DCP step dir or an HF export")
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="tokenized passkey documents")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="tokenized passkey documents (a folder with a "
+                   "held_out/ split: that)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="model config override")
     p.add_argument("--limit", type=int, default=None, help="the first N documents only")
     p.add_argument("--json", type=Path, default=None, help="write the result here")
     a = p.parse_args(argv)
-    decoder, tokenizer = decoder_for(a.checkpoint, parse_overrides(a.set))
-    docs = documents(a.data)[: a.limit]
-    longest = max(len(d) for d in docs)
-    if longest > decoder.cfg.max_seq_len:
-        print(f"{a.data}: documents of {longest} tokens exceed model.max_seq_len={decoder.cfg.max_seq_len}; "
-              f"pass --set max_seq_len={longest}", file=sys.stderr)
+    try:
+        out = run(a)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"passkey: {e}", file=sys.stderr)
         return 2
-    out = evaluate(decoder, tokenizer, docs)
     print(f"passkey {a.checkpoint} on {a.data}: accuracy {out['accuracy']:.3f} "
           f"({sum(r['correct'] for r in out['results'])}/{out['documents']}), digits {out['digit_accuracy']:.3f}, "
           f"length {','.join(map(str, out['lengths']))}")
     for bucket, v in out["by_key_position"].items():
         print(f"  key at {bucket}: {v['accuracy']:.3f} of {v['documents']}")
     if a.json:
-        a.json.write_text(json.dumps({k: v for k, v in out.items()}, indent=1) + "\n")
+        a.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 

@@ -9,9 +9,10 @@ restart at 0 at every document and at the start of every row (the document mask 
 inside the piece), so it is the number of tokens the model could see before it. Bucket ``[start,
 end)`` holds the scored tokens (labels not IGNORE_INDEX) whose position falls in it; only the tokens
 that reach a bucket count (a short document adds to the first buckets only), and its loss is their
-mean. A bucket no token reached is left out. The buckets are equal parts of the length scored: each
-gets the same share of a long document, so their noise is alike, and with a bucket count that is a
-multiple of the extension factor (8 buckets of 16k) an edge falls on the old length.
+mean. A bucket no token reached is left out. The buckets are equal parts of the length scored, to
+a token (edges ``i * length // buckets``, any count up to the length): each gets the same share of a
+long document, so their noise is alike, and with a bucket count that is a multiple of the extension
+factor (8 buckets of 16k) an edge falls on the old length.
 
 Ranks add up (nats, tokens) per bucket and divide once: the same means on any number of ranks.
 
@@ -55,7 +56,7 @@ def bucket_of(key: str) -> tuple[int, int] | None:
 
 
 def bucket_edges(length: int, buckets: int) -> list[int]:
-    """``buckets`` equal parts of [0, length): their edges, ``buckets + 1`` integers from 0 to length."""
+    """``buckets`` equal parts of [0, length), to a token: their edges, ``buckets + 1`` integers from 0 to length."""
     if not 0 < buckets <= length:
         raise ValueError(f"position_buckets: {buckets} buckets of a length of {length}: must be in [1, {length}]")
     return [i * length // buckets for i in range(buckets + 1)]

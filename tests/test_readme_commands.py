@@ -507,10 +507,10 @@ COMMANDS: dict[str, Here | Same | Skip] = {
                                                "--set eval.val_samples=2 --set logging.report=false",
                                                "final loss: ", check=long_run_scored_by_position),
     "python -m eval.run --checkpoint runs/tiny-long --loss-by-position 8 --held-out long=assets/long --seq-len 512 "
-    "--val-samples 12": Here("python -m eval.run --checkpoint {tmp}/tiny-long --loss-by-position 8 "
+    "--val-samples 67": Here("python -m eval.run --checkpoint {tmp}/tiny-long --loss-by-position 8 "
                              "--held-out long=assets/long --seq-len 512 --val-samples 2", "eval/val_loss_pos/448-512"),
     "python -m eval.run --checkpoint runs/tiny --set max_seq_len=512 --loss-by-position 8 --held-out long=assets/long "
-    "--seq-len 512 --val-samples 12": Here("python -m eval.run --checkpoint {run} --set max_seq_len=512 "
+    "--seq-len 512 --val-samples 67": Here("python -m eval.run --checkpoint {run} --set max_seq_len=512 "
                                            "--loss-by-position 8 --held-out long=assets/long --seq-len 512 "
                                            "--val-samples 2", "eval/val_loss_pos/448-512"),
     "python -m eval.passkey runs/tiny-long": Here("python -m eval.passkey {tmp}/tiny-long --limit 2", "length 512",
