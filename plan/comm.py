@@ -101,9 +101,11 @@ class Layout:
 
     @classmethod
     def of(cls, recipe: R.Recipe, gpus: int) -> Layout:
+        """The recipe's layout on ``gpus`` GPUs: parameters are sharded over ``shard x context_parallel``
+        ranks, as torchtitan folds the CP ranks into the FSDP mesh (``ParallelDims``' ``fsdp``)."""
         replicate, shard = R.dp_degrees(recipe, gpus)
         p = recipe.parallel
-        return cls(replicate, shard, p.reshard_after_forward, p.reduce_grads)
+        return cls(replicate, shard * p.context_parallel, p.reshard_after_forward, p.reduce_grads)
 
     @property
     def name(self) -> str:

@@ -49,22 +49,11 @@ CP_DEGREES = (1, 2, 4, 8)  # up to one node of 8 GPUs: CP's collectives stay on 
 GB = 1e9
 
 
-def _dp_degrees(recipe: R.Recipe, ranks: int) -> tuple[int, int]:
-    """(replicate, shard) of the recipe's layout on ``ranks`` data-parallel ranks. The CP degree is the
-    caller's: a recipe's own ``context_parallel`` is set aside, so that a ``dp_degrees`` that divides the
-    world by it does not divide twice."""
-    if recipe.parallel.context_parallel != 1:
-        recipe = copy.copy(recipe)
-        recipe.parallel = dataclasses.replace(recipe.parallel, context_parallel=1)
-    return R.dp_degrees(recipe, ranks)
-
-
 def cp_layout(recipe: R.Recipe, gpus: int, cp: int) -> Layout:
-    """The recipe's data-parallel layout on ``gpus / cp`` ranks, parameters sharded over ``shard x cp``
-    (torchtitan folds the CP ranks into the FSDP mesh)."""
-    replicate, shard = _dp_degrees(recipe, gpus // cp)
-    p = recipe.parallel
-    return Layout(replicate, shard * cp, p.reshard_after_forward, p.reduce_grads)
+    """The recipe's layout on ``gpus`` GPUs at CP ``cp`` in place of its own ``context_parallel``."""
+    recipe = copy.copy(recipe)
+    recipe.parallel = dataclasses.replace(recipe.parallel, context_parallel=cp)
+    return Layout.of(recipe, gpus)
 
 
 def cp_bytes(config, seq_len: int, cp: int, ac: str, dtype_bytes: int = 2) -> int:
@@ -74,6 +63,13 @@ def cp_bytes(config, seq_len: int, cp: int, ac: str, dtype_bytes: int = 2) -> in
     kv = seq_len * 2 * config.n_kv_heads * config.head_dim * dtype_bytes
     passes = 2 + (ac != "none")
     return config.n_layers * passes * (cp - 1) * kv // cp
+
+
+def cp_traffic(config, shape: Shape, accumulation: int, cluster: Cluster) -> tuple[float, float]:
+    """(bytes per GPU per step, exposed seconds) of CP's collectives, on NVLink: ``cp_bytes`` for each
+    sequence of each micro batch."""
+    moved = accumulation * shape.micro_batch * cp_bytes(config, shape.seq_len, shape.cp, shape.ac)
+    return moved, moved / (cluster.intra_node_gbs * GB)
 
 
 def accumulation(recipe: R.Recipe, seq_len: int, gpus: int, cp: int, micro_batch: int = 1) -> int:
@@ -179,9 +175,8 @@ def _fit(recipe: R.Recipe, config, row: Row, gpus: int, cluster: Cluster, traced
             row.peak_cp1 = memory.peak + comm.extra_memory
         if memory.peak + comm.extra_memory > row.usable:
             continue
-        moved = acc * row.micro_batch * cp_bytes(config, row.seq_len, cp, shape.ac)
-        return dataclasses.replace(row, cp=cp, memory=memory, comm=comm, cp_gb=moved / GB,
-                                   cp_s=moved / (cluster.intra_node_gbs * GB))
+        moved, seconds = cp_traffic(config, shape, acc, cluster)
+        return dataclasses.replace(row, cp=cp, memory=memory, comm=comm, cp_gb=moved / GB, cp_s=seconds)
     return row
 
 

@@ -26,7 +26,7 @@ from .comm import Cluster, Communication, Layout, candidate_layouts, cluster_for
 from .data import data_report, realized_mix
 from .gpus import GIB, GPUS, Gpu
 from .interval import Interval, checkpoint_interval
-from .length import LONG, LengthTable, dry_run_lines, length_table
+from .length import GB, LONG, LengthTable, cp_traffic, dry_run_lines, length_table
 from .memory import FIT_FRACTION, Memory, memory_plan, memory_plans
 from .replica import plan_lines
 from .roofline import ROOFLINE_NOTE, Speed, ops_table, roofline
@@ -225,6 +225,8 @@ class Plan:
     sweep: Sweep | None = None
     interval: Interval | None = None  # the Young/Daly checkpoint interval
     lengths: LengthTable | None = None  # a long-context recipe's plan at 4k..64k tokens
+    cp_bytes: float = 0.0  # CP's K/V all-gathers and reduce-scatters per GPU per step ([parallel] context_parallel)
+    cp_s: float = 0.0  # their exposed seconds
     ops: bool = False  # print one layer's per-op table
     kernels: bool = False  # print the compiled estimate's per-kernel table
 
@@ -234,8 +236,10 @@ class Plan:
             f"plan: {self.recipe.path}: {self.recipe.model.flavor} ({self.nparams:,} parameters) on {self.gpus} x "
             f"{self.gpu.label}, {self.comm.layout.name} (parameters sharded over {s.gpus} ranks), {s.param_dtype} "
             f"params, {s.reduce_dtype} reductions",
-            f"micro batch {s.micro_batch} x {t.seq_len} tokens, activation checkpointing {s.ac}, "
-            f"gradient accumulation {self.accumulation} ({t.global_batch} sequences per step)",
+            f"micro batch {s.micro_batch} x {t.seq_len} tokens"
+            + (f" in context-parallel groups of {s.cp} ({s.tokens:,} tokens per GPU)" if s.cp > 1 else "")
+            + f", activation checkpointing {s.ac}, gradient accumulation {self.accumulation} ({t.global_batch} "
+            f"sequences per step)",
             f"eager, one step traced on fake tensors; {STAND_IN_NOTE}",
         ]
 
@@ -248,7 +252,20 @@ class Plan:
                         f"(the twin: torchtitan llama3 with equal parameters and the same attention windows)"]
 
     def comm_lines(self) -> list[str]:
-        return [] if self.comm is None else self.comm.lines() + self.replica_check_lines()
+        return [] if self.comm is None else self.comm.lines() + self.cp_lines() + self.replica_check_lines()
+
+    def cp_lines(self) -> list[str]:
+        """CP's own collectives, on top of FSDP's: exposed, as the length table counts them (plan.length)."""
+        if self.shape.cp == 1 or self.comm is None:
+            return []
+        return [f"context parallel {self.shape.cp}: K and V all-gathered, their gradients reduce-scattered: "
+                f"{self.cp_bytes / GB:.3g} GB intra-node per GPU per step, {self.cp_s:.3g} s exposed",
+                f"roofline with communication and CP: {self.cp_tokens_per_s:,.0f} tokens/s/GPU"]
+
+    @property
+    def cp_tokens_per_s(self) -> float:
+        """The roofline with communication, less CP's exposed seconds."""
+        return self.comm.speed.tokens_per_step / (self.comm.step_s + self.cp_s)
 
     def replica_check_lines(self) -> list[str]:
         layout, t = self.comm.layout, self.recipe.training
@@ -293,9 +310,12 @@ class Plan:
             "roofline": speed(self.lanes), "dense_roofline": speed(self.dense),
             "lanes_dense_ratio": None if self.dense is None else self.lanes.step_s / self.dense.step_s,
             "communication": None if self.comm is None else self.comm.to_json(),
+            "context_parallel": self.shape.cp,
             "compiled": None if self.compiled is None else self.compiled.to_json(),
             "recommended": None,
         }
+        if self.shape.cp > 1 and self.comm is not None:
+            out["cp_traffic"] = {"gb": self.cp_bytes / GB, "exposed_s": self.cp_s, "tokens_per_s": self.cp_tokens_per_s}
         if self.lengths is not None:
             out["lengths"] = self.lengths.to_json()
         if self.sweep is not None:
@@ -331,9 +351,13 @@ def make_plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_sweep: boo
                             f"{config.max_seq_len}")
     R.check_world(recipe, gpus)
     cluster = cluster or cluster_for(gpu)
+    if with_sweep and recipe.parallel.context_parallel > 1:
+        raise R.RecipeError(f"{recipe.path}: [parallel] context_parallel = {recipe.parallel.context_parallel}: "
+                            f"--sweep ranks data-parallel layouts without CP; the plan's table by length "
+                            f"gives the CP each length needs")
     layout = Layout.of(recipe, gpus)
-    shape = Shape.of(recipe, layout.shard)  # memory and the optimizer's shard follow the shard degree
-    acc = _accumulation(recipe, shape.micro_batch, gpus)
+    shape = Shape.of(recipe, layout.shard)  # memory and the optimizer's shard follow the shard degree (x CP)
+    acc = _accumulation(recipe, shape.micro_batch, gpus // shape.cp)  # the CP ranks of a sequence: one DP rank
     with torch.device("meta"):
         nparams = sum(p.numel() for p in config.build().parameters())
     memory = memory_plan(config, shape, kind)
@@ -348,6 +372,8 @@ def make_plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_sweep: boo
                          param_dtype=shape.param_dtype, reduce_dtype=shape.reduce_dtype)
     p = Plan(recipe, config, gpus, kind, shape, acc, nparams, memory, lanes, dense, dense_error, comm, ops=with_ops,
              kernels=with_kernels)
+    if shape.cp > 1:
+        p.cp_bytes, p.cp_s = cp_traffic(config, shape, acc, cluster)
     p.interval = checkpoint_interval(recipe, lanes, gpus, cluster.gpus_per_node, nparams)
     if with_lengths and t.seq_len > LONG:  # a long-context phase: the same plan at 4k..64k, and the CP each length needs
         p.lengths = length_table(recipe, config, gpus, cluster)

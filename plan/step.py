@@ -210,7 +210,7 @@ class Shape:
     def of(cls, recipe: R.Recipe, gpus: int, **changes) -> Shape:
         t, p, o = recipe.training, recipe.parallel, recipe.optimizer
         return dataclasses.replace(cls(t.micro_batch, t.seq_len, p.activation_checkpoint, gpus, p.param_dtype,
-                                       p.reduce_dtype, o.lr, o.grad_clip), **changes)
+                                       p.reduce_dtype, o.lr, o.grad_clip, p.context_parallel), **changes)
 
 
 def _build(config, dtype: torch.dtype, device: str) -> nn.Module:

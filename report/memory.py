@@ -63,10 +63,11 @@ def record_plan(run: Path, gpu: str, gpus: int) -> dict:
     from train import recipe as R
     from train.build import model_config
     from plan import GPUS, Shape, memory_plan
+    from plan.comm import Layout
 
     recipe = R.load(str(Path(run) / RECIPE_FILE))
     R.check_world(recipe, gpus)
-    memory = memory_plan(model_config(recipe), Shape.of(recipe, gpus), GPUS[gpu])
+    memory = memory_plan(model_config(recipe), Shape.of(recipe, Layout.of(recipe, gpus).shard), GPUS[gpu])
     out = {"gpu": GPUS[gpu].label, "gpus": gpus, "memory": memory.to_json()}
     (Path(run) / PLAN_FILE).write_text(json.dumps(out, indent=2) + "\n")
     return out

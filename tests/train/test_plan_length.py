@@ -208,3 +208,28 @@ def test_the_dry_run_of_long_toml_says_no_cp_is_needed_at_16k(long_2b_at_64k):
     assert [r.cp for r in table.need.rows] == [1, 1]
     text = P.dry_run(recipe, gpus=192, mfu=0.4, peak_tflops=989.0)
     assert need in text
+
+
+def test_the_plan_of_a_recipe_with_cp_traces_its_share_of_the_sequence_and_counts_cp_traffic():
+    """``[parallel] context_parallel = 2``: the plan's own section (not only the table by length) holds
+    seq_len / 2 tokens per GPU, shards parameters over shard x 2, runs half the data-parallel ranks (twice
+    the accumulation) and adds CP's K/V traffic, counted by hand, on top of FSDP's."""
+    sets = ("parallel.context_parallel=2", "eval.every=0", "eval.at_end=false")
+    plans = {cp: P.make_plan(long_tiny(8192, "training.micro_batch=1", *(sets if cp == 2 else ())), gpus=8, gpu="h100", with_compiled=False,
+                             with_dense=False, with_lengths=False) for cp in (1, 2)}
+    one, two = plans[1], plans[2]
+    assert (one.shape.cp, two.shape.cp) == (1, 2) and two.shape.tokens == 4096
+    assert (one.comm.layout.shard, two.comm.layout.shard) == (8, 8)  # FSDP over 8 GPUs: 8 at CP 1, 4 x 2 at CP 2
+    assert two.accumulation == 2 * one.accumulation
+    config = model_config(long_tiny())
+    kv = 8192 * 2 * config.n_kv_heads * config.head_dim * 2  # bf16 K and V of one sequence
+    assert two.cp_bytes == two.accumulation * two.shape.micro_batch * config.n_layers * 2 * (2 - 1) * kv // 2
+    assert one.cp_bytes == 0 and two.cp_tokens_per_s < two.comm.tokens_per_s
+    act = {cp: p.memory.parts["Activation"] for cp, p in plans.items()}
+    assert act[2] == pytest.approx(act[1] / 2, rel=0.05)  # half the tokens per GPU (the 2B's K and V: above)
+    text = "\n".join(two.lines())
+    assert "in context-parallel groups of 2 (4,096 tokens per GPU)" in text
+    assert f"context parallel 2: K and V all-gathered, their gradients reduce-scattered: {two.cp_bytes / 1e9:.3g} GB" in text
+    assert two.to_json()["context_parallel"] == 2 and "cp_traffic" not in one.to_json()
+    with pytest.raises(R.RecipeError, match="context_parallel = 2: --sweep ranks data-parallel layouts without CP"):
+        P.make_plan(long_tiny(8192, "training.micro_batch=1", *sets), gpus=8, with_sweep=True)
