@@ -65,6 +65,36 @@ def train_command(recipe: str, *sets: str, nproc: int = 1) -> list[str]:
     return cmd
 
 
+POISON = """
+import os, sys
+sys.path.insert(0, {repo!r})
+from torchtitan.components.loss import CrossEntropyLoss
+calls = {{"n": 0}}
+forward = CrossEntropyLoss.__call__
+def poisoned(self, pred, *args, **kwargs):
+    calls["n"] += 1
+    if calls["n"] in {calls!r} and int(os.environ.get("RANK", "0")) in {ranks!r}:
+        pred = pred * float("nan")
+    return forward(self, pred, *args, **kwargs)
+CrossEntropyLoss.__call__ = poisoned
+sys.argv[0] = "train.py"
+import runpy
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def poisoned_command(folder: Path, recipe: str, *sets: str, calls: set[int], ranks: set[int] = frozenset({0}),
+                     nproc: int = 1) -> list[str]:
+    """``train_command`` with planted spikes: the loss of the ``calls``-th micro batches (counted from 1 on each
+    rank, e.g. ``accumulation x (step - 1) + 1``: the first micro batch of ``step``) goes NaN on ``ranks``.
+    The script that plants them is written to ``folder``."""
+    script = Path(folder) / "poisoned_train.py"
+    script.write_text(POISON.format(repo=str(REPO), calls=set(calls), ranks=set(ranks)))
+    cmd = train_command(recipe, *sets, nproc=nproc)
+    cmd[cmd.index(str(REPO / "train.py"))] = str(script)
+    return cmd
+
+
 def env() -> dict:
     return {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
 

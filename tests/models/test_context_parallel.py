@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TORCHRUN, env, free_port, metrics, train
+from rundir import REPO
+from tests.conftest import TORCHRUN, env, free_port, metrics, poisoned_command
 from train import recipe as R
 
 RANKS = Path(__file__).with_name("context_parallel_ranks.py")
@@ -32,21 +33,31 @@ def test_cp2_logits_gradients_and_one_step_equal_cp1_with_window_and_document_ma
 
 
 @pytest.mark.slow
-def test_training_with_cp2_logs_what_two_fsdp_ranks_log(tmp_path):
+def test_training_with_cp2_logs_what_two_fsdp_ranks_log_and_skips_a_spike_on_one_slice(tmp_path):
     """train.py end to end (the masks built before slicing: LaneformerTrainer.post_dataloading_process): 2
     ranks as CP 2 against 2 ranks as FSDP 2, the same global batches. Both shard the parameters over 2
     ranks, so both start from the same initial weights: a one-rank run's differ (its step-1 loss, computed
-    before any update, was 8.7945 against 8.7933 here)."""
-    sets = [*CP2[1:], "training.steps=3", "logging.interval=1", "training.global_batch=4", "training.micro_batch=2",
+    before any update, was 8.7945 against 8.7933 here).
+
+    Step 2 goes NaN on rank 0 only: under CP, in rank 0's slice of the sequences, the harder case for the
+    spike guard (rank 1's own loss is finite). The guard reads the loss summed over the CP slices, so both
+    ranks skip the update, and steps 3-4 log what the FSDP run logs after skipping the same step."""
+    sets = [*CP2[1:], "training.steps=4", "logging.interval=1", "training.global_batch=4", "training.micro_batch=2",
             "schedule.warmup_steps=1"]
-    logged = {}
-    for name, extra in (("fsdp2", []), ("cp2", [CP2[0]])):
-        run = train("tiny.toml", f"run.output_dir={tmp_path / name}", *sets, *extra, nproc=2)
+    # micro batches a step on each rank: FSDP 2, one (2 data-parallel ranks); CP 2, two (one data-parallel rank)
+    logged, rows = {}, {}
+    for name, extra, step2 in (("fsdp2", [], 2), ("cp2", [CP2[0]], 3)):
+        cmd = poisoned_command(tmp_path, "tiny.toml", f"run.output_dir={tmp_path / name}", *sets, *extra,
+                               calls={step2}, ranks={0}, nproc=2)
+        run = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+        assert "step 2: skipped (non-finite loss (nan))" in run.stdout + run.stderr
+        rows[name] = metrics(tmp_path / name)
         logged[name] = [(step, row["loss_metrics/global_avg_loss"], row["grad_norm"], row["loss_metrics/global_max_loss"])
-                        for step, row in sorted(metrics(tmp_path / name).items()) if "grad_norm" in row]
-    assert [row[0] for row in logged["cp2"]] == [1, 2, 3]
+                        for step, row in sorted(rows[name].items()) if "grad_norm" in row]
+    assert [row[0] for row in logged["cp2"]] == [1, 3, 4]
     assert [row[:3] for row in logged["cp2"]] == [pytest.approx(row[:3], rel=1e-5) for row in logged["fsdp2"]]
+    assert [rows[name][s]["skipped_steps"] for name in rows for s in (1, 2, 4)] == [0, 1, 1] * 2
     # One data-parallel rank: its loss, summed over its CP slices, is the global mean.
     assert [row[3] for row in logged["cp2"]] == pytest.approx([row[1] for row in logged["cp2"]], rel=1e-6)
 

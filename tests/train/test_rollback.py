@@ -20,24 +20,7 @@ import numpy as np
 import pytest
 
 from rundir import REPO
-from tests.conftest import env, metrics, short, train_command
-
-INJECT = """
-import sys
-sys.path.insert(0, "REPO_DIR")
-from torchtitan.components.loss import CrossEntropyLoss
-calls = {"n": 0}
-forward = CrossEntropyLoss.__call__
-def poisoned(self, pred, *args, **kwargs):
-    calls["n"] += 1
-    if calls["n"] in POISONED:  # the first micro batch of the steps that spike
-        pred = pred * float("nan")
-    return forward(self, pred, *args, **kwargs)
-CrossEntropyLoss.__call__ = poisoned
-sys.argv[0] = "train.py"
-import runpy
-runpy.run_path("train.py", run_name="__main__")
-"""
+from tests.conftest import env, metrics, poisoned_command, short, train_command
 
 SPIKES = (4, 5)
 MICRO_BATCHES = 2  # global batch 8, micro batch 4, one rank (tests.conftest.short)
@@ -72,11 +55,8 @@ def test_the_checkpoint_before_is_the_latest_complete_one_saved_before_the_first
 @pytest.mark.slow
 def test_spikes_that_come_back_are_rolled_back_and_their_data_skipped(tmp_path):
     calls = [MICRO_BATCHES * (step - 1) + 1 for step in SPIKES]
-    script = tmp_path / "inject.py"
-    script.write_text(INJECT.replace("POISONED", repr(set(calls))).replace("REPO_DIR", str(REPO)))
-    cmd = train_command("tiny.toml", *short(tmp_path, 6, "checkpoint.interval=2", "checkpoint.keep_last=10",
-                                            "training.spike_rollbacks=2"))
-    cmd[cmd.index(str(REPO / "train.py"))] = str(script)
+    cmd = poisoned_command(tmp_path, "tiny.toml", *short(tmp_path, 6, "checkpoint.interval=2", "checkpoint.keep_last=10",
+                                                         "training.spike_rollbacks=2"), calls=set(calls))
     result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "run"

@@ -14,7 +14,7 @@ import pytest
 
 import rundir
 from rundir import REPO
-from tests.conftest import assert_overfits, env, losses, metrics, short, train, train_command
+from tests.conftest import assert_overfits, env, losses, metrics, poisoned_command, short, train
 from tests.eval.conftest import write_tasks, write_toy_core_bundle
 from tests.train.conftest import wandb_history
 
@@ -171,29 +171,8 @@ def test_tensorboard_and_wandb_offline_hold_the_logged_losses(short_run):
 
 # ---- a NaN mid-run is skipped, not fatal ----------------------------------------------
 
-INJECT_NAN = """
-import sys, torch
-sys.path.insert(0, "REPO_DIR")
-from torchtitan.components.loss import CrossEntropyLoss
-calls = {"n": 0}
-forward = CrossEntropyLoss.__call__
-def poisoned(self, pred, *args, **kwargs):
-    calls["n"] += 1
-    if calls["n"] == NAN_CALL:  # one micro-batch of one step goes NaN
-        pred = pred * float("nan")
-    return forward(self, pred, *args, **kwargs)
-CrossEntropyLoss.__call__ = poisoned
-sys.argv[0] = "train.py"
-import runpy
-runpy.run_path("train.py", run_name="__main__")
-"""
-
-
 def test_nan_batch_is_skipped_and_the_run_finishes(tmp_path):
-    script = tmp_path / "inject.py"
-    script.write_text(INJECT_NAN.replace("NAN_CALL", "13").replace("REPO_DIR", str(REPO)))  # step 7, micro-batch 1 of 2
-    cmd = train_command("tiny.toml", *short(tmp_path, 10))
-    cmd[cmd.index(str(REPO / "train.py"))] = str(script)
+    cmd = poisoned_command(tmp_path, "tiny.toml", *short(tmp_path, 10), calls={13})  # step 7, micro-batch 1 of 2
     result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step 7: skipped (non-finite loss (nan))" in result.stdout + result.stderr
