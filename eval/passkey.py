@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -34,7 +35,15 @@ DEFAULT_DATA = REPO / "assets" / "passkey" / "held_out"
 BUCKET = 128  # tokens: the accuracy by where the key is
 
 
-def documents(folder: str | Path, tokenizer, vocab_size: int) -> list[list[int]]:
+class Document(NamedTuple):
+    """A passkey document as ``split_prompt`` reads it, and its length in tokens."""
+
+    prompt: list[int]
+    answer: list[int]
+    length: int
+
+
+def documents(folder: str | Path, tokenizer, vocab_size: int) -> list[Document]:
     """Every document of a tokenized folder (its ``held_out/`` if it has one, as eval.run's --held-out
     reads a split source), in shard order, each read by ``split_prompt``. Raises ValueError naming
     --data and the document: a folder tokenized with another tokenizer, or one that is not a passkey
@@ -46,10 +55,10 @@ def documents(folder: str | Path, tokenizer, vocab_size: int) -> list[list[int]]
         source = open_source(folder, getattr(tokenizer, "fingerprint", None), vocab_size)
     except ValueError as e:
         raise ValueError(f"--data {folder}: {e}") from None
-    docs = [[int(t) for t in shard.document(i)] for shard in source.shards for i in range(shard.num_documents)]
-    for i, ids in enumerate(docs):
+    docs = []
+    for i, ids in enumerate(shard.document(j) for shard in source.shards for j in range(shard.num_documents)):
         try:
-            split_prompt(ids, tokenizer)
+            docs.append(Document(*split_prompt(ids, tokenizer), len(ids)))
         except ValueError as e:
             raise ValueError(f"--data {folder}: document {i}: {e}") from None
     return docs
@@ -61,15 +70,14 @@ def key_position(prompt: list[int], tokenizer) -> int:
     return next((i for i, t in enumerate(prompt) if t in digits), -1)
 
 
-def evaluate(decoder: LaneDecoder, tokenizer, docs: list[list[int]]) -> dict:
+def evaluate(decoder: LaneDecoder, tokenizer, docs: list[Document]) -> dict:
     """Accuracy (every digit of the key) and digit accuracy of greedy answers, with each document's result."""
     results = []
-    for ids in docs:
-        prompt, answer = split_prompt(ids, tokenizer)
+    for prompt, answer, length in docs:
         got = greedy(decoder, prompt, len(answer)).ids  # no EOS stop: an early EOS is a wrong digit
         results.append({"key": tokenizer.decode(answer), "answer": got, "expected": answer,
                         "correct": got == answer, "digits": sum(a == b for a, b in zip(got, answer)),
-                        "key_position": key_position(prompt, tokenizer), "length": len(ids)})
+                        "key_position": key_position(prompt, tokenizer), "length": length})
     n = len(results)
     by_position: dict[str, list[int]] = {}
     for r in results:
@@ -95,7 +103,7 @@ def run(args: argparse.Namespace) -> dict:
     docs = documents(args.data, tokenizer, config.vocab_size)[: args.limit]
     if not docs:
         raise ValueError(f"--data {args.data}: no documents")
-    longest = max(len(d) for d in docs)
+    longest = max(d.length for d in docs)
     if longest > config.max_seq_len:
         raise ValueError(f"--data {args.data}: documents of {longest} tokens exceed model.max_seq_len="
                          f"{config.max_seq_len}; pass --set max_seq_len={longest}")

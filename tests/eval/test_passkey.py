@@ -102,8 +102,9 @@ def test_the_bundled_held_out_documents_read_as_passkey_documents():
     tok = Tokenizer(TINY_TOKENIZER)
     docs = E.documents(E.DEFAULT_DATA, tok, tok.vocab_size)
     assert docs == E.documents(E.DEFAULT_DATA.parent, tok, tok.vocab_size)  # a split source: its held_out/
-    assert len(docs) >= 50 and {len(d) for d in docs} == {P.SEQ_LEN}
-    positions = [E.key_position(P.split_prompt(d, tok)[0], tok) for d in docs]
+    assert len(docs) >= 50 and {d.length for d in docs} == {P.SEQ_LEN}
+    assert all(len(d.prompt) + len(d.answer) + 2 == d.length for d in docs)  # then "." and EOS
+    positions = [E.key_position(d.prompt, tok) for d in docs]
     assert min(positions) < 128 and max(positions) > 384  # keys at every depth
 
 
