@@ -33,6 +33,8 @@ import copy
 import dataclasses
 from dataclasses import dataclass
 
+import torch
+
 from rundir.table import text_table
 from train import recipe as R
 
@@ -56,10 +58,11 @@ def cp_layout(recipe: R.Recipe, gpus: int, cp: int) -> Layout:
     return Layout.of(recipe, gpus)
 
 
-def cp_bytes(config, seq_len: int, cp: int, ac: str, dtype_bytes: int = 2) -> int:
+def cp_bytes(config, seq_len: int, cp: int, ac: str, dtype_bytes: int) -> int:
     """Bytes each GPU receives per sequence in CP's collectives: every layer all-gathers the
     sequence's K and V (forward, and again when AC recomputes it) and reduce-scatters their
-    gradients (backward); each moves ``(cp - 1) / cp`` of the full-length K and V through a rank."""
+    gradients (backward); each moves ``(cp - 1) / cp`` of the full-length K and V through a rank,
+    in the compute dtype (FSDP's ``param_dtype``: ``dtype_bytes`` an element)."""
     kv = seq_len * 2 * config.n_kv_heads * config.head_dim * dtype_bytes
     passes = 2 + (ac != "none")
     return config.n_layers * passes * (cp - 1) * kv // cp
@@ -68,7 +71,8 @@ def cp_bytes(config, seq_len: int, cp: int, ac: str, dtype_bytes: int = 2) -> in
 def cp_traffic(config, shape: Shape, accumulation: int, cluster: Cluster) -> tuple[float, float]:
     """(bytes per GPU per step, exposed seconds) of CP's collectives, on NVLink: ``cp_bytes`` for each
     sequence of each micro batch."""
-    moved = accumulation * shape.micro_batch * cp_bytes(config, shape.seq_len, shape.cp, shape.ac)
+    dtype_bytes = getattr(torch, shape.param_dtype).itemsize
+    moved = accumulation * shape.micro_batch * cp_bytes(config, shape.seq_len, shape.cp, shape.ac, dtype_bytes)
     return moved, moved / (cluster.intra_node_gbs * GB)
 
 

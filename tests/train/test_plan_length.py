@@ -139,8 +139,9 @@ def test_a_length_that_does_not_fit_says_cp_with_the_smallest_degree_that_fits()
     assert f"  {length:,} tokens: CP 4 on cp4, CP 2 on cp2, no CP on cp1, more than CP 8 on none" in text
     assert [round(r.peak_cp1) for r in table.rows] == [peaks[1]] * 4
     # CP's traffic per GPU per step: each layer all-gathers (cp - 1) / cp of the full K and V and
-    # reduce-scatters their gradients (tiny: no AC, bf16 K and V)
-    kv = length * 2 * config.n_kv_heads * config.head_dim * 2
+    # reduce-scatters their gradients (tiny: no AC, float32 K and V: its param_dtype)
+    assert recipe.parallel.param_dtype == "float32"
+    kv = length * 2 * config.n_kv_heads * config.head_dim * 4
     for row in table.rows[:2]:
         assert row.cp_gb * 1e9 == row.comm.accumulation * config.n_layers * 2 * (row.cp - 1) * kv // row.cp
 
@@ -222,8 +223,11 @@ def test_the_plan_of_a_recipe_with_cp_traces_its_share_of_the_sequence_and_count
     assert (one.comm.layout.shard, two.comm.layout.shard) == (8, 8)  # FSDP over 8 GPUs: 8 at CP 1, 4 x 2 at CP 2
     assert two.accumulation == 2 * one.accumulation
     config = model_config(long_tiny())
-    kv = 8192 * 2 * config.n_kv_heads * config.head_dim * 2  # bf16 K and V of one sequence
+    kv = 8192 * 2 * config.n_kv_heads * config.head_dim * 4  # float32 K and V of one sequence (tiny's param_dtype)
     assert two.cp_bytes == two.accumulation * two.shape.micro_batch * config.n_layers * 2 * (2 - 1) * kv // 2
+    bf16 = P.make_plan(long_tiny(8192, "training.micro_batch=1", "parallel.param_dtype=bfloat16", *sets), gpus=8,
+                       gpu="h100", with_compiled=False, with_dense=False, with_lengths=False)
+    assert bf16.cp_bytes * 2 == two.cp_bytes  # K and V move in the compute dtype
     assert one.cp_bytes == 0 and two.cp_tokens_per_s < two.comm.tokens_per_s
     act = {cp: p.memory.parts["Activation"] for cp, p in plans.items()}
     assert act[2] == pytest.approx(act[1] / 2, rel=0.05)  # half the tokens per GPU (the 2B's K and V: above)
