@@ -1,7 +1,8 @@
 """The mixture as torchtitan components: a ``BaseDataLoader`` and a ``BaseTokenizer``.
 
 ``MixtureDataLoader`` yields ``({"input", "positions"}, labels)`` per data-parallel
-rank. Its state is one number, the next global sample index, identical on
+rank, and ``loss_weights`` among the inputs where sources weigh their tokens (the
+trainer takes it out before the model's forward). Its state is one number, the next global sample index, identical on
 every rank, so a run saved on N ranks resumes on any other number of ranks
 with exactly the samples the uninterrupted run would have seen (torchtitan's
 own loader refuses a changed rank count). It reads with the tokenizer the
@@ -18,7 +19,7 @@ import torch
 from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.components.tokenizer import BaseTokenizer
 
-from data.mixture import Mixture, MixtureLoader, SourceSpec
+from data.mixture import LOSS_WEIGHTS, Mixture, MixtureLoader, SourceSpec
 from data.tokenizer import Tokenizer
 
 
@@ -61,10 +62,11 @@ def build_mixture(sources: list[SourceSpec], tokenizer: Tokenizer, seq_len: int,
 
 class BatchLoaderSlot(BaseDataLoader):
     """torchtitan's data loader slot over one of this project's numpy batch loaders (``self.loader``):
-    its batches as tensors (``INPUTS``: batch key -> model input name; labels apart), its state and
-    its ``skip_to``."""
+    its batches as tensors (``INPUTS``: batch key -> model input name; labels apart; ``OPTIONAL``: inputs
+    of the batches that have them), its state and its ``skip_to``."""
 
     INPUTS = {"input_ids": "input", "positions": "positions"}
+    OPTIONAL = (LOSS_WEIGHTS,)
     loader: Any
 
     def skip_to(self, index: int) -> tuple[int, int]:
@@ -73,8 +75,9 @@ class BatchLoaderSlot(BaseDataLoader):
 
     def __iter__(self):
         for batch in self.loader:
-            yield ({name: torch.from_numpy(batch[key]) for key, name in self.INPUTS.items()},
-                   torch.from_numpy(batch["labels"]))
+            inputs = {name: torch.from_numpy(batch[key]) for key, name in self.INPUTS.items()}
+            inputs |= {key: torch.from_numpy(batch[key]) for key in self.OPTIONAL if key in batch}
+            yield inputs, torch.from_numpy(batch["labels"])
 
     def state_dict(self) -> dict[str, Any]:
         return self.loader.state_dict()

@@ -27,6 +27,10 @@ Sources with a loss mask (chat, data.chat_tokenize) are the exception: a label
 whose token has mask 0 (prompt, template markup) becomes IGNORE_INDEX, which
 torchtitan's cross-entropy skips and leaves out of its token count, so the
 loss is the mean over the answers' tokens. Sources without one mix freely.
+A source's ``loss_weight`` (1 by default) makes each of its trained tokens count
+that many times in the step's loss (``loss_weights``, a float loss mask:
+train.trainer's loss is sum(w x ce) / sum(w)), so a task of a few answer
+tokens a sample is not drowned by the language-model tokens beside it.
 
 Memory per source: 4 bytes per document (lengths) plus 4-8 bytes per document
 per epoch read (the permutation) and small checkpoint arrays (every _CKPT-th
@@ -51,6 +55,7 @@ from data.index import SourceIndex
 from data.shards import TokenizedSource, open_source
 
 IGNORE_INDEX = -100  # torchtitan.components.loss.IGNORE_INDEX (torch's default), without importing torch
+LOSS_WEIGHTS = "loss_weights"  # the batch's per-token loss weights, where a source has a loss_weight
 DEFAULT_PERIOD = 1 << 16
 
 
@@ -75,8 +80,10 @@ class SourceSpec:
     whose column holds one of the listed values (``{source = ["..."]}``), at
     tokenization, and is recorded in the manifest. ``expected_tokens``: the source's
     size by its dataset card, so a dry run can size-check the plan before any data
-    exists (see ``needs``). A recipe's ``[[data.sources]]`` are these; the values are
-    checked on construction.
+    exists (see ``needs``). ``loss_weight``: how many times each of the source's
+    trained tokens counts in the step's loss (sum(w x ce) / sum(w): Megatron's float
+    loss mask); the held-out losses stay token means. A recipe's ``[[data.sources]]``
+    are these; the values are checked on construction.
     """
 
     name: str
@@ -104,6 +111,7 @@ class SourceSpec:
     min_doc_tokens: int | None = None
     concat_by: str | None = None
     concat_order: str | None = None
+    loss_weight: float = 1.0
 
     def __post_init__(self):
         where = f"source {self.name!r} ({self.path})"
@@ -113,6 +121,10 @@ class SourceSpec:
             raise MixtureError(f"{where}: weight must be finite and >= 0, got {self.weight}")
         if self.tokens is not None and self.tokens <= 0:
             raise MixtureError(f"{where}: token budget must be > 0, got {self.tokens}")
+        if not (math.isfinite(self.loss_weight) and self.loss_weight > 0):
+            raise MixtureError(f"{where}: loss_weight must be finite and > 0, got {self.loss_weight}")
+        if self.pairs and self.loss_weight != 1:  # a preference run's loss is per pair (train.preference.loss)
+            raise MixtureError(f"{where}: loss_weight: not for pairs (a preference run's loss is a mean over pairs)")
         if not self.max_epochs > 0:
             raise MixtureError(f"{where}: max_epochs must be > 0, got {self.max_epochs}")
         if self.expected_tokens is not None and self.expected_tokens <= 0:
@@ -414,8 +426,16 @@ class Mixture:
             counts = counts - (self.samples_per_source(b) - self.samples_per_source(a))
         return {s.name: int(c) * self.seq_len for s, c in zip(self.sources, counts)}
 
+    @property
+    def loss_weights(self) -> np.ndarray | None:
+        """Each source's ``loss_weight`` (float32), or None when every source weighs 1 (the token mean)."""
+        weights = np.array([s.loss_weight for s in self.sources], dtype=np.float32)
+        return None if (weights == 1).all() else weights
+
     def batch(self, indices) -> dict[str, np.ndarray]:
-        """Samples for global indices: input_ids, labels, positions [B, seq_len] int64; source [B]."""
+        """Samples for global indices: input_ids, labels, positions [B, seq_len] int64; source [B]; and
+        where sources weigh their tokens (``loss_weights``), loss_weights [B, seq_len] float32: the label's
+        source's weight, 0 where the label is IGNORE_INDEX."""
         indices = np.asarray(indices, dtype=np.int64)
         src, k = self.locate(indices)
         L = self.seq_len
@@ -427,15 +447,19 @@ class Mixture:
         idx = np.broadcast_to(np.arange(L), (len(indices), L))
         seg = np.maximum.accumulate(np.where(starts[:, :L], idx, 0), axis=1)
         labels = np.where(masks[:, 1:] == 1, window[:, 1:], IGNORE_INDEX)
-        return {"input_ids": np.ascontiguousarray(window[:, :L]), "labels": labels,
-                "positions": idx - seg, "source": src}
+        batch = {"input_ids": np.ascontiguousarray(window[:, :L]), "labels": labels,
+                 "positions": idx - seg, "source": src}
+        if (weights := self.loss_weights) is not None:
+            batch[LOSS_WEIGHTS] = np.where(labels != IGNORE_INDEX, weights[src][:, None], 0).astype(np.float32)
+        return batch
 
     def describe(self) -> str:
         lines = [f"mixture: seq_len={self.seq_len} seed={self.seed} total_samples={self.total_samples}"]
-        for p in self.plan:
+        for p, s in zip(self.plan, self.sources):
             planned = "" if p.planned_tokens is None else f", plan {p.planned_tokens:,} tokens = {p.epochs:.3f} epochs"
+            weight = "" if s.loss_weight == 1 else f", loss weight {s.loss_weight:g}"
             lines.append(f"  {p.name}: share {p.share:.4f}, {p.available_tokens:,} tokens / {p.documents:,} docs"
-                         f"{planned} ({p.path})")
+                         f"{planned}{weight} ({p.path})")
         return "\n".join(lines)
 
 

@@ -5,11 +5,11 @@
 Each document of the tokenized folder is split by ``data.make_passkey.split_prompt`` into the
 prompt (BOS to the question's ``▁``) and the key's digits; the model decodes as many tokens
 greedily (``models.laneformer.generate``: the KV-cache decoder, every lane in this process),
-and a document counts as answered when all of them equal the key. Chance is 1 in 27,216 (5
-distinct digits, the first not 0: data.make_passkey.keys). Prints the accuracy, the share of digits
-right, the accuracy by the key's position in the document (in 128-token buckets) and the documents'
-length; ``--json`` writes it. Bad input (a folder of other documents or another tokenizer's, a
-missing checkpoint) is refused with exit 2 before the weights load.
+and a document counts as answered when all of them equal the key. Chance is 1 in 10 (a key of
+one digit, uniform: data.make_passkey.KEY_DIGITS). Prints the accuracy, the share of digits right (the
+accuracy itself for one-digit keys), the accuracy by the key's position in the document (in 128-token
+buckets) and the documents' length; ``--json`` writes it. Bad input (a folder of other documents or
+another tokenizer's, a missing checkpoint) is refused with exit 2 before the weights load.
 ``CHECKPOINT`` is a run dir, a DCP step dir or an HF export (``open_checkpoint``); ``--set``
 overrides its model config, e.g. ``max_seq_len=512`` for a model trained shorter (its RoPE tables
 are sized by it; nothing else changes).

@@ -499,7 +499,7 @@ COMMANDS: dict[str, Here | Same | Skip] = {
     "torchrun --nproc-per-node 8 train.py --recipe long": Skip(GPU, "the 2B's long phase on GPUs from phase 2's "
                                                                     "checkpoint; tiny-long runs here below"),
     "python -m data.make_passkey": Here("python -m data.make_passkey --out {tmp}/long-assets",
-                                        "passkey: 236 documents, 120,832 tokens", check=made_the_bundled_long_data),
+                                        "passkey: 2000 documents, 583,343 tokens", check=made_the_bundled_long_data),
     "python train.py --recipe tiny-long": Here("python train.py --recipe tiny-long --set checkpoint.init_from={run} "
                                                "--set run.output_dir={tmp}/tiny-long --set training.steps=2 "
                                                "--set training.global_batch=2 --set training.micro_batch=2 "

@@ -76,16 +76,19 @@ TORCHTITAN_API = {
     "dict[str, typing.Any], cp_mesh: torch.distributed.device_mesh.DeviceMesh, device: torch.device, "
     "load_balancer_type: str | None = 'headtail', ptrr_mask_key: str | None = None) -> tuple[torch.Tensor, "
     "torch.Tensor, dict[str, typing.Any]]",
-    # train.preference.trainer: one micro batch's forward, loss and backward, with the preference loss
+    # train.preference.trainer and train.trainer (loss weights): one micro batch's forward, loss and backward,
+    # with the preference loss or the weighted cross-entropy
     (Trainer, "_forward_backward_body"): "(self, inputs: torch.Tensor, labels: torch.Tensor, global_valid_tokens: "
     "torch.Tensor, extra_kwargs: dict[str, typing.Any]) -> torch.Tensor",
 }
 
-# The torchtitan 0.3.0 code LaneformerTrainer.train ports: (owner, function) -> the first 16 hex digits of
-# the sha256 of its source. A change there is a change to read and port.
+# The torchtitan 0.3.0 code LaneformerTrainer ports: (owner, function) -> the first 16 hex digits of the
+# sha256 of its source. A change there is a change to read and port. (``_forward_backward_body``: ported
+# with the loss weighted, in LaneformerTrainer._forward_backward_body.)
 TORCHTITAN_LOOP = {
     (Trainer, "train"): "d2fe16fca25c505b",
     (Trainer, "train_step"): "911f8077fc175e7f",
+    (Trainer, "_forward_backward_body"): "2d88c5250155b17d",
 }
 
 

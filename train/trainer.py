@@ -22,6 +22,10 @@ exception. What runs at each point, in which phase and with which priority: the 
 in order" table, built from ``train.callbacks``. What this changes of torchtitan itself is
 ``train.titan``.
 
+Where sources weigh their tokens (``[[data.sources]] loss_weight``: the batch's ``loss_weights``), the loss
+is sum(w x ce) / sum(w) over the step's tokens on all ranks (``weighted_cross_entropy``), Megatron's float
+loss mask; otherwise torchtitan's token mean, of which it is the case w = 1.
+
 Under context parallelism (``[parallel] context_parallel``) torchtitan slices each micro batch over the CP
 ranks (``post_dataloading_process``, after the model's masks of the whole sequence are added), each CP
 rank's loss is its slice's share, and the step's global loss and the largest data-parallel rank's loss are
@@ -40,6 +44,7 @@ from typing import Annotated, Any, cast
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 import tyro
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -51,6 +56,7 @@ from torchtitan.observability import structured_logger as sl
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
+from data.mixture import LOSS_WEIGHTS
 from rundir import checkpoint_of
 from train.callbacks.callback import Callbacks
 from train.callbacks.spike_guard import SpikeGuard
@@ -63,6 +69,19 @@ CALLBACKS_KEY = "callbacks"  # the callbacks' state in the trainer's checkpoint 
 LEGACY_GUARD_KEY = "guard"  # the spike guard's, in checkpoints written before callbacks
 
 Batch = tuple[dict[str, torch.Tensor], torch.Tensor]  # torchtitan's (input_dict, labels)
+
+
+def weighted_cross_entropy(pred: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """sum(w x ce) over the tokens, in fp32: torchtitan's ``cross_entropy_loss`` (sum reduction, IGNORE_INDEX
+    skipped) with each token's loss weighted."""
+    ce = F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1), reduction="none", ignore_index=IGNORE_INDEX)
+    return (ce * weights.flatten()).sum()
+
+
+def loss_weight(input_dict: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+    """What a micro batch adds to the loss's denominator: its tokens' loss weights, else its valid tokens."""
+    weights = input_dict.get(LOSS_WEIGHTS)
+    return weights.sum(dtype=torch.float32) if weights is not None else (labels != IGNORE_INDEX).sum()
 
 
 class LaneformerTrainer(Trainer):
@@ -86,6 +105,7 @@ class LaneformerTrainer(Trainer):
         self.step_loss: torch.Tensor | None = None  # the step's global loss, at pre_optim_step (on the device)
         self.grad_norm: torch.Tensor | None = None  # the step's pre-clip norm, at pre_optim_step (on the device)
         self.data_wait_s = 0.0  # seconds this rank waited for batches (train.callbacks.straggler)
+        self._loss_weights: torch.Tensor | None = None  # the micro batch's, between forward_backward_step and body
         self.callbacks = Callbacks([c.build(trainer=self) for c in config.callbacks], self.enter)
 
     def enter(self, phase: Phase) -> None:
@@ -126,7 +146,7 @@ class LaneformerTrainer(Trainer):
                         break
 
                     self.enter(Phase.FORWARD_BACKWARD)
-                    loss, local_tokens, global_tokens = self.forward_backward(batches)
+                    loss, local_weight, global_weight = self.forward_backward(batches)
 
                     self.enter(Phase.OPTIMIZER)
                     grad_norm = dist_utils.clip_grad_norm_(
@@ -143,7 +163,7 @@ class LaneformerTrainer(Trainer):
                     self.checkpointer.maybe_wait_for_staging()
                     self.optimizers.step()
                     self.lr_schedulers.step()
-                    self.log_step(loss, grad_norm, local_tokens, global_tokens, lr)
+                    self.log_step(loss, grad_norm, local_weight, global_weight, lr)
                     self.callbacks.call("post_train_batch", self)
 
                     self.save_checkpoint(last_step=self.step == config.training.steps)
@@ -197,23 +217,39 @@ class LaneformerTrainer(Trainer):
 
     def forward_backward(self, batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """torchtitan's ``forward_backward_step`` on each micro batch, each loss normalised by the step's
-        valid tokens on all ranks; returns this rank's loss (the sum over its micro batches) and its and
-        all ranks' valid tokens."""
+        valid tokens on all ranks (their summed loss weights where sources weigh theirs); returns this
+        rank's loss (the sum over its micro batches) and its and all ranks' denominators."""
         self.optimizers.zero_grad(set_to_none=self.config.training.disable_cuda_graphs)
-        local_tokens = torch.tensor(0, dtype=torch.int64)
-        for _, labels in batches:
-            local_tokens += (labels != IGNORE_INDEX).sum()
+        local_weight = sum((loss_weight(input_dict, labels) for input_dict, labels in batches), torch.tensor(0))
         # on the device: normalising the loss needs no host sync
-        global_tokens = local_tokens.to(self.device)
+        global_weight = local_weight.to(self.device)
         if self.parallel_dims.dp_enabled:
-            global_tokens = dist_utils.dist_sum_tensor(global_tokens, self.parallel_dims.get_mesh("batch"))
+            global_weight = dist_utils.dist_sum_tensor(global_weight, self.parallel_dims.get_mesh("batch"))
         loss = torch.zeros((), device=self.device)
         for i, (input_dict, labels) in enumerate(batches):
             self._reduce_grads_now(last=i == len(batches) - 1)
             input_dict = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in input_dict.items()}
             loss += self.forward_backward_step(input_dict=input_dict, labels=labels.to(self.device),
-                                               global_valid_tokens=global_tokens).detach()
-        return loss, local_tokens, global_tokens
+                                               global_valid_tokens=global_weight).detach()
+        return loss, local_weight, global_weight
+
+    def forward_backward_step(self, *, input_dict: dict[str, torch.Tensor], **kwargs) -> torch.Tensor:
+        self._loss_weights = input_dict.pop(LOSS_WEIGHTS, None)  # not a model input
+        return super().forward_backward_step(input_dict=input_dict, **kwargs)
+
+    def _forward_backward_body(self, inputs: torch.Tensor, labels: torch.Tensor, global_valid_tokens: torch.Tensor,
+                               extra_kwargs: dict[str, Any]) -> torch.Tensor:
+        """torchtitan's forward, loss and backward of one micro batch; with loss weights, the loss is
+        ``weighted_cross_entropy`` over the step's summed weights. (Not under CP: its slicing does not cut
+        the weights, so train.recipe refuses the two together.)"""
+        if self._loss_weights is None:
+            return super()._forward_backward_body(inputs, labels, global_valid_tokens, extra_kwargs)
+        with self.train_context():
+            pred = self.model_parts[0](inputs, **extra_kwargs)
+            loss = weighted_cross_entropy(pred, labels, self._loss_weights) / global_valid_tokens
+            del pred
+            loss.backward()
+        return loss
 
     def _reduce_grads_now(self, last: bool) -> None:
         """``reduce_grads``: FSDP2's own switches defer gradient reduction to the step's last micro batch
@@ -227,8 +263,8 @@ class LaneformerTrainer(Trainer):
             else:
                 model.set_requires_all_reduce(last)
 
-    def log_step(self, loss: torch.Tensor, grad_norm: torch.Tensor, local_tokens: torch.Tensor,
-                 global_tokens: torch.Tensor, lr: dict[str, float]) -> None:
+    def log_step(self, loss: torch.Tensor, grad_norm: torch.Tensor, local_weight: torch.Tensor,
+                 global_weight: torch.Tensor, lr: dict[str, float]) -> None:
         """At logging steps, torchtitan's metrics: the global mean and the largest rank's loss, the pre-clip
         norm, tokens seen, the lr. A non-finite loss stops the run (as torchtitan), unless the spike
         guard skipped the step: it counts it instead, and the step logs no loss."""
@@ -242,8 +278,8 @@ class LaneformerTrainer(Trainer):
                 rank_loss = dist_utils.dist_sum_tensor(loss, self.parallel_dims.get_mesh("cp"))
             global_avg_loss, global_max_loss, global_ntokens_seen = (
                 dist_utils.dist_sum(loss, mesh),
-                # a data-parallel rank's mean token loss (local_tokens: its tokens, whole sequences)
-                dist_utils.dist_max(rank_loss * global_tokens / local_tokens, mesh),
+                # a data-parallel rank's mean token loss (local_weight: its tokens or their weights, whole sequences)
+                dist_utils.dist_max(rank_loss * global_weight / local_weight, mesh),
                 dist_utils.dist_sum(torch.tensor(self.ntokens_seen, dtype=torch.int64, device=self.device), mesh),
             )
         else:

@@ -3,11 +3,12 @@
 The model is a random tiny Laneformer (8 lanes, window and full layers, 512 positions) whose
 ``lm_head`` rows of every id but the ten digits are zero, so that its greedy answers are digits
 (the other logits are 0; a digit's is the largest in all but a ~1/1024 chance per step): its forward,
-its decoder and its checkpoint are the real ones. The hand-made documents are generated passkey
-documents whose answer is, in some, replaced by the model's own greedy answer, computed by hand (the
-whole sequence through ``Laneformer.forward`` again at every step, no KV cache, the answer cut at
-the document's tail by its length): the evaluator must read the prompts, decode, and score exactly
-as that loop does, from a run dir on disk through its CLI.
+its decoder and its checkpoint are the real ones. The hand-made documents are generated held-out
+passkey documents whose answer is replaced by the model's own greedy answer in half of them and by
+other digits in the rest, the greedy answer computed by hand (the whole sequence through
+``Laneformer.forward`` again at every step, no KV cache, the answer cut at the document's tail by its
+length): the evaluator must read the prompts, decode, and score exactly as that loop does, from a run
+dir on disk through its CLI.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def case(tmp_path_factory):
 
     model = model_from_weights(config, weights)
     docs, by_hand = [], []
-    for i, d in enumerate(P.passkey_documents(tok, REPO / "assets" / "sample_data" / "prose", n=6, seed=2)):
+    prose = REPO / "assets" / "sample_data" / "prose"
+    for i, d in enumerate(P.passkey_documents(tok, prose, train=0, held_out=6, seed=2)):  # of SEQ_LEN tokens
         ids = tok.encode_document(d["text"])
         prompt, tail = ids[:-(K + 2)], ids[-2:]  # by hand: "<key digits> . </s>" end every document
         seq = list(prompt)
@@ -59,10 +61,10 @@ def case(tmp_path_factory):
             for _ in range(K):
                 seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
         got = seq[len(prompt):]
-        if i % 2 == 0:  # these answer what the model says
-            assert all(t in digits for t in got)
-            ids = prompt + got + tail
-        docs.append(ids)
+        assert all(t in digits for t in got)
+        # half answer what the model says, half a key one off in every digit (a chance hit would be 1 in 10)
+        key = got if i % 2 == 0 else [digits[(digits.index(t) + 1) % 10] for t in got]
+        docs.append(prompt + key + tail)
         by_hand.append(got)
     data = run.parent / "docs"
     data.mkdir()
@@ -102,7 +104,7 @@ def test_the_bundled_held_out_documents_read_as_passkey_documents():
     tok = Tokenizer(TINY_TOKENIZER)
     docs = E.documents(E.DEFAULT_DATA, tok, tok.vocab_size)
     assert docs == E.documents(E.DEFAULT_DATA.parent, tok, tok.vocab_size)  # a split source: its held_out/
-    assert len(docs) >= 50 and {d.length for d in docs} == {P.SEQ_LEN}
+    assert len(docs) == P.HELD_OUT_DOCUMENTS and {d.length for d in docs} == {P.SEQ_LEN}
     assert all(len(d.prompt) + len(d.answer) + 2 == d.length for d in docs)  # then "." and EOS
     positions = [E.key_position(d.prompt, tok) for d in docs]
     assert min(positions) < 128 and max(positions) > 384  # keys at every depth

@@ -134,9 +134,9 @@ class PreferenceTrainer(LaneformerTrainer):
 
     # -- the step's metrics -------------------------------------------------------------------------
 
-    def log_step(self, loss: torch.Tensor, grad_norm: torch.Tensor, local_tokens: torch.Tensor,
-                 global_tokens: torch.Tensor, lr: dict[str, float]) -> None:
-        super().log_step(loss, grad_norm, local_tokens, global_tokens, lr)
+    def log_step(self, loss: torch.Tensor, grad_norm: torch.Tensor, local_weight: torch.Tensor,
+                 global_weight: torch.Tensor, lr: dict[str, float]) -> None:
+        super().log_step(loss, grad_norm, local_weight, global_weight, lr)
         if self.metrics_processor.should_log(self.step):
             sums = self._pref_sums
             if self.parallel_dims.dp_enabled:

@@ -79,7 +79,8 @@ def check_context_parallel(recipe: Recipe) -> None:
     """What ``[parallel] context_parallel`` > 1 asks of the other tables, refused at load rather than as
     torch's error (or an eval's shape error) at the first step: a ``seq_len`` that CP's block mask can cut,
     no in-loop evaluation (the evals run the whole sequence through a model whose attention gathers the
-    other CP ranks' keys), no preference run (its forward and reference pass do not slice the batch)."""
+    other CP ranks' keys), no preference run (its forward and reference pass do not slice the batch), no
+    source ``loss_weight`` (torchtitan's CP slicing cuts tokens, labels and positions, not the weights)."""
     cp, t, e = recipe.parallel.context_parallel, recipe.training, recipe.eval
     if cp == 1:
         return
@@ -94,6 +95,9 @@ def check_context_parallel(recipe: Recipe) -> None:
     if any(s.pairs for s in recipe.data.sources):  # pair sources: a preference run (train.preference)
         raise RecipeError(f"{where} in a preference run (pair sources): its "
                           f"forward and reference pass do not cut the pairs over the CP ranks")
+    if weighted := [s.name for s in recipe.data.sources if s.loss_weight != 1]:
+        raise RecipeError(f"{where} with a source's loss_weight ({', '.join(weighted)}): torchtitan's CP slicing "
+                          f"cuts the tokens, labels and positions over the CP ranks, not the loss weights")
 
 
 def validation_sets(recipe: Recipe) -> dict[str, str]:
