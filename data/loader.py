@@ -2,11 +2,12 @@
 
 ``MixtureDataLoader`` yields ``({"input", "positions"}, labels)`` per data-parallel
 rank, and ``loss_weights`` among the inputs where sources weigh their tokens (the
-trainer takes it out before the model's forward). Its state is one number, the next global sample index, identical on
-every rank, so a run saved on N ranks resumes on any other number of ranks
-with exactly the samples the uninterrupted run would have seen (torchtitan's
-own loader refuses a changed rank count). It reads with the tokenizer the
-Trainer built (its ``tokenizer`` slot), so every rank loads the model once.
+trainer takes it out before the model's forward). Its state is one number, the
+next global sample index, identical on every rank, so a run saved on N ranks
+resumes on any other number of ranks with exactly the samples the
+uninterrupted run would have seen (torchtitan's own loader refuses a changed
+rank count). It reads with the tokenizer the Trainer built (its ``tokenizer``
+slot), so every rank loads the model once.
 """
 
 from __future__ import annotations

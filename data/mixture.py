@@ -372,6 +372,8 @@ class Mixture:
     total_samples: int | None = None
     period: int = DEFAULT_PERIOD
     plan: list[SourcePlan] = field(init=False)
+    # each source's loss_weight (float32), or None when every source weighs 1 (the token mean)
+    loss_weights: np.ndarray | None = field(init=False)
 
     def __post_init__(self):
         if self.seq_len < 1:
@@ -384,6 +386,8 @@ class Mixture:
         self.streams = [SourceStream(src, spec.name, self.seed, spec.max_epochs)
                         for spec, src in zip(self.sources, opened)]
         self.plan = self._plan(opened)
+        weights = np.array([s.loss_weight for s in self.sources], dtype=np.float32)
+        self.loss_weights = None if (weights == 1).all() else weights
         over = [(p, s) for p, s in zip(self.plan, self.sources) if p.epochs is not None and p.epochs > s.max_epochs]
         if over:
             raise MixtureError("planned reading exceeds max_epochs: " + "; ".join(
@@ -426,12 +430,6 @@ class Mixture:
             counts = counts - (self.samples_per_source(b) - self.samples_per_source(a))
         return {s.name: int(c) * self.seq_len for s, c in zip(self.sources, counts)}
 
-    @property
-    def loss_weights(self) -> np.ndarray | None:
-        """Each source's ``loss_weight`` (float32), or None when every source weighs 1 (the token mean)."""
-        weights = np.array([s.loss_weight for s in self.sources], dtype=np.float32)
-        return None if (weights == 1).all() else weights
-
     def batch(self, indices) -> dict[str, np.ndarray]:
         """Samples for global indices: input_ids, labels, positions [B, seq_len] int64; source [B]; and
         where sources weigh their tokens (``loss_weights``), loss_weights [B, seq_len] float32: the label's
@@ -449,8 +447,8 @@ class Mixture:
         labels = np.where(masks[:, 1:] == 1, window[:, 1:], IGNORE_INDEX)
         batch = {"input_ids": np.ascontiguousarray(window[:, :L]), "labels": labels,
                  "positions": idx - seg, "source": src}
-        if (weights := self.loss_weights) is not None:
-            batch[LOSS_WEIGHTS] = np.where(labels != IGNORE_INDEX, weights[src][:, None], 0).astype(np.float32)
+        if self.loss_weights is not None:
+            batch[LOSS_WEIGHTS] = np.where(labels != IGNORE_INDEX, self.loss_weights[src][:, None], 0).astype(np.float32)
         return batch
 
     def describe(self) -> str:
