@@ -70,16 +70,20 @@ def test_context_parallel_with_a_loss_weight_is_refused_at_load(tmp_path):
     assert R.load(str(recipe), []).data.sources[1].loss_weight == 5.0
 
 
-def test_a_runs_first_loss_is_the_weighted_loss_of_the_weights_it_started_from(tmp_path):
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_runs_first_loss_is_the_weighted_loss_of_the_weights_it_started_from(tmp_path, nproc):
     """A run starting from a checkpoint's weights logs, at step 1, sum(w x ce) / sum(w) over its first global
-    batch, recomputed here from those weights; it is not the token mean (the weights are used)."""
+    batch, recomputed here from those weights; it is not the token mean (the weights are used). On 2 ranks
+    each holds half the batch: sum(w) is the global one, not each rank's (a mean of the ranks' weighted
+    means is another number, as the ranks' sums of weights differ)."""
     start = tmp_path / "start"
     assert train("tiny.toml", *short(start, 3), "eval.every=0").returncode == 0
     recipe = tmp_path / "weighted.toml"
-    recipe.write_text((REPO / "recipes/tiny.toml").read_text().replace(
-        'path = "assets/sample_data/code"\n', 'path = "assets/sample_data/code"\nloss_weight = 5.0\n'))
+    recipe.write_text((REPO / "recipes/tiny.toml").read_text()
+                      .replace('prose"\nweight = 0.5\n', 'prose"\nweight = 0.6\n')
+                      .replace('code"\nweight = 0.5\n', 'code"\nweight = 0.4\nloss_weight = 5.0\n'))
     result = train(str(recipe), *short(tmp_path, 3), "eval.every=0", f"checkpoint.init_from={start / 'run'}",
-                   "checkpoint.init_weights_only=true")
+                   "checkpoint.init_weights_only=true", nproc=nproc)
     assert result.returncode == 0, result.stderr[-3000:]
     logged = losses(tmp_path / "run")[1]
 
@@ -91,6 +95,8 @@ def test_a_runs_first_loss_is_the_weighted_loss_of_the_weights_it_started_from(t
         logits = model(torch.from_numpy(batch["input_ids"]), positions=torch.from_numpy(batch["positions"]))
     labels = torch.from_numpy(batch["labels"])
     ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none", ignore_index=IGNORE_INDEX)
+    rank_weights = torch.from_numpy(batch[LOSS_WEIGHTS]).view(nproc, -1).sum(1)
+    assert len(set(rank_weights.tolist())) == nproc  # the ranks' sums of weights differ (2 and 1 code samples)
     weights = torch.from_numpy(batch[LOSS_WEIGHTS]).flatten()
     weighted, mean = float((ce * weights).sum() / weights.sum()), float(ce[labels.flatten() != IGNORE_INDEX].mean())
     assert logged == pytest.approx(weighted, rel=1e-4)
