@@ -77,6 +77,7 @@ MAX_REPO_BYTES = 16_000  # a module or package of more text is skipped (keeps th
 LONG_BYTES = 450_000  # text of the long source, in all
 LONG_HELD_OUT = 0.2
 SEED = 44
+PROBE_SEED = 4544  # probe_documents': not SEED, so not the bundle's draws
 
 
 def vocabulary(tok: Tokenizer, prose: Path = PROSE) -> tuple[list[str], list[int]]:
@@ -136,6 +137,23 @@ def passkey_documents(tok: Tokenizer, prose: Path = PROSE, train: int = TRAIN_DO
                     break
             out.append({"id": f"passkey/{len(out)}", "text": text, "key": key, "depth": round(depth, 4),
                         "length": length, "held_out": held})
+    return out
+
+
+def probe_documents(tok: Tokenizer, length: int, n: int, seed: int = PROBE_SEED, prose: Path = PROSE) -> list[list[int]]:
+    """``n`` tokenized passkey documents of exactly ``length`` tokens, key and depth drawn as the bundled
+    ones are (``eval.passkey --length``): retrieval measured at lengths no bundle holds, e.g. past a
+    model's own. A fresh draw of ``seed``, not data.held_out's split: past ``SEQ_LEN`` no training
+    document is that long; at or below it, a document of random filler words repeating one of
+    training is as likely as a repeated draw of hundreds of words."""
+    if length < MIN_LEN:
+        raise ValueError(f"a passkey document is at least {MIN_LEN} tokens (got {length})")
+    vocab, counts = vocabulary(tok, prose)
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        key, depth = "".join(rng.choices("0123456789", k=KEY_DIGITS)), rng.random()
+        out.append(tok.encode_document(document(tok, vocab, counts, key, depth, length, rng)))
     return out
 
 

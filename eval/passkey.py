@@ -1,6 +1,7 @@
 """Passkey retrieval: greedy answers to held-out passkey documents (data.make_passkey), scored exactly.
 
     python -m eval.passkey CHECKPOINT [--data assets/passkey/held_out] [--set max_seq_len=512] [--limit N]
+    python -m eval.passkey CHECKPOINT --length 2048 --set max_seq_len=2048 [--limit N]
 
 Each document of the tokenized folder is split by ``data.make_passkey.split_prompt`` into the
 prompt (BOS to the question's ``▁``) and the key's digits; the model decodes as many tokens
@@ -12,7 +13,9 @@ buckets) and the documents' length; ``--json`` writes it. Bad input (a folder of
 another tokenizer's, a missing checkpoint) is refused with exit 2 before the weights load.
 ``CHECKPOINT`` is a run dir, a DCP step dir or an HF export (``open_checkpoint``); ``--set``
 overrides its model config, e.g. ``max_seq_len=512`` for a model trained shorter (its RoPE tables
-are sized by it; nothing else changes).
+are sized by it; nothing else changes). ``--length N`` scores ``--limit`` (default 64) documents of N
+tokens drawn afresh by ``data.make_passkey.probe_documents`` in place of a folder: where retrieval
+breaks past the lengths a bundle holds (the tiny tokenizer's documents, so the checkpoint's must be it).
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from typing import NamedTuple
 
 import torch
 
-from data.make_passkey import split_prompt
+from data.make_passkey import HELD_OUT_DOCUMENTS, probe_documents, split_prompt
 from data.shards import open_source
+from data.tokenizer import TINY_TOKENIZER, fingerprint
 from models.laneformer.checkpoint import open_checkpoint, parse_overrides
 from models.laneformer.generate import LaneDecoder, greedy
 from rundir import REPO
@@ -100,12 +104,24 @@ def run(args: argparse.Namespace) -> dict:
     tokenizer, notes = checkpoint.open_tokenizer(None, config.vocab_size)
     for note in notes:
         print(note, file=sys.stderr)
-    docs = documents(args.data, tokenizer, config.vocab_size)[: args.limit]
+    if args.length is not None:
+        flag = f"--length {args.length}"
+        if getattr(tokenizer, "fingerprint", None) != fingerprint(TINY_TOKENIZER):
+            raise ValueError(f"{flag}: the documents are made with the bundled tiny tokenizer ({TINY_TOKENIZER}) and "
+                             f"{args.checkpoint} uses another: pass --data with passkey documents of its own tokenizer")
+        try:
+            made = probe_documents(tokenizer, args.length, args.limit or HELD_OUT_DOCUMENTS)
+        except ValueError as e:
+            raise ValueError(f"{flag}: {e}") from None
+        docs = [Document(*split_prompt(ids, tokenizer), len(ids)) for ids in made]
+    else:
+        docs = documents(args.data, tokenizer, config.vocab_size)[: args.limit]
+        flag = f"--data {args.data}"
     if not docs:
-        raise ValueError(f"--data {args.data}: no documents")
+        raise ValueError(f"{flag}: no documents")
     longest = max(d.length for d in docs)
     if longest > config.max_seq_len:
-        raise ValueError(f"--data {args.data}: documents of {longest} tokens exceed model.max_seq_len="
+        raise ValueError(f"{flag}: documents of {longest} tokens exceed model.max_seq_len="
                          f"{config.max_seq_len}; pass --set max_seq_len={longest}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     decoder = LaneDecoder(config, checkpoint.load_weights(config), range(config.n_lanes), device)
@@ -115,8 +131,11 @@ def run(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m eval.passkey", description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", help="a run dir, a DCP step dir or an HF export")
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="tokenized passkey documents (a folder with a "
-                   "held_out/ split: that)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--data", type=Path, default=DEFAULT_DATA, help="tokenized passkey documents (a folder with "
+                        "a held_out/ split: that)")
+    source.add_argument("--length", type=int, default=None, metavar="N", help="in place of --data: --limit (default "
+                        f"{HELD_OUT_DOCUMENTS}) documents of N tokens made afresh (data.make_passkey.probe_documents)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="model config override")
     p.add_argument("--limit", type=int, default=None, help="the first N documents only")
     p.add_argument("--json", type=Path, default=None, help="write the result here")
@@ -126,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"passkey: {e}", file=sys.stderr)
         return 2
-    print(f"passkey {a.checkpoint} on {a.data}: accuracy {out['accuracy']:.3f} "
+    on = f"{out['documents']} documents made for --length {a.length}" if a.length is not None else a.data
+    print(f"passkey {a.checkpoint} on {on}: accuracy {out['accuracy']:.3f} "
           f"({sum(r['correct'] for r in out['results'])}/{out['documents']}), digits {out['digit_accuracy']:.3f}, "
           f"length {','.join(map(str, out['lengths']))}")
     for bucket, v in out["by_key_position"].items():

@@ -517,6 +517,9 @@ COMMANDS: dict[str, Here | Same | Skip] = {
                                                   check=prints("accuracy ")),
     "python -m eval.passkey runs/tiny --set max_seq_len=512": Here("python -m eval.passkey {run} --set max_seq_len=512 "
                                                                    "--limit 2", "length 512"),
+    "python -m eval.passkey runs/tiny-long --length 2048 --set max_seq_len=2048":
+        Here("python -m eval.passkey {tmp}/tiny-long --length 2048 --set max_seq_len=2048 --limit 2",
+             "on 2 documents made for --length 2048", check=prints("length 2048")),
     "python -m eval.run --checkpoint runs/tiny-long --lm-eval niah_single_1 --limit 20":
         Here("python -m eval.run --checkpoint {tmp}/tiny-long --lm-eval niah_single_1 --limit 1",
              "lm_eval/niah_single_1/512"),

@@ -133,3 +133,46 @@ def test_bad_input_is_refused_naming_the_flag_before_the_weights_load(case, tmp_
     assert "fingerprint" in capsys.readouterr().err
     assert E.main([str(tmp_path / "no-run"), "--data", str(data)]) == 2
     assert "passkey: " in capsys.readouterr().err
+
+
+def test_length_scores_fresh_documents_of_that_length(case, tmp_path):
+    """``--length N``: ``--limit`` documents of exactly N tokens from make_passkey.probe_documents (the same for
+    the same seed, keys at every depth, none of the bundle's), each scored against its own key."""
+    run, _, _, _ = case
+    tok = Tokenizer(TINY_TOKENIZER)
+    made = P.probe_documents(tok, 384, 8)
+    assert made == P.probe_documents(tok, 384, 8) != P.probe_documents(tok, 384, 8, seed=1)
+    assert {len(ids) for ids in made} == {384}
+    depths = [E.key_position(P.split_prompt(ids, tok)[0], tok) for ids in made]
+    assert max(depths) - min(depths) > 128  # the needle at many depths
+    bundled = {tuple(tok.encode_document(d["text"])) for d in P.passkey_documents(tok, train=0, held_out=4)}
+    assert not bundled & {tuple(ids) for ids in P.probe_documents(tok, P.SEQ_LEN, 4)}
+    assert E.main([str(run), "--length", "384", "--limit", "8", "--json", str(tmp_path / "out.json")]) == 0
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["documents"] == 8 and out["lengths"] == [384]
+    assert [r["expected"] for r in out["results"]] == [P.split_prompt(ids, tok)[1] for ids in made]
+
+
+def test_length_is_refused_naming_the_flag_before_the_weights_load(case, tmp_path, capsys, monkeypatch):
+    run, data, _, _ = case
+    other = tmp_path / "other-run"
+    other.mkdir()
+    for f in run.iterdir():
+        (other / f.name).symlink_to(f)
+    (other / "recipe.toml").unlink()
+    (other / "recipe.toml").write_text(f'[data]\ntokenizer = "{other_tokenizer(tmp_path / "tok")}"\n')
+    monkeypatch.setattr(E.LaneDecoder, "__init__", lambda *a, **k: pytest.fail("the weights loaded"))
+    refused = {
+        (str(run), "--length", "10"): "passkey: --length 10: a passkey document is at least 64 tokens (got 10)",
+        (str(run), "--length", "1024"): "passkey: --length 1024: documents of 1024 tokens exceed model.max_seq_len=512; "
+                                        "pass --set max_seq_len=1024",
+        (str(other), "--length", "256"): f"passkey: --length 256: the documents are made with the bundled tiny "
+                                         f"tokenizer ({TINY_TOKENIZER}) and {other} uses another",
+    }
+    for argv, message in refused.items():
+        assert E.main(list(argv)) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (argv, err)
+    with pytest.raises(SystemExit) as exit_:
+        E.main([str(run), "--length", "256", "--data", str(data)])
+    assert exit_.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
