@@ -34,7 +34,9 @@ def main(recorded: Path) -> None:
         dist.all_reduce(torch.zeros(1), group=quick)  # rank 1 never joins: gloo's timeout
     except RuntimeError as e:
         get_error_handler().record_exception(e)
-        recorded.write_text(str(int(time.time())))
+        written = recorded.with_suffix(".part")
+        written.write_text(str(int(time.time())))
+        written.replace(recorded)  # whole or absent: rank 1 polls for it and would read a half-written file
     time.sleep(600)  # until torchrun closes the group
 
 
