@@ -117,6 +117,13 @@ def document(tok: Tokenizer, vocab: list[str], counts: list[int], key: str, dept
     return text
 
 
+def draw(tok: Tokenizer, vocab: list[str], counts: list[int], length: int, rng: random.Random) -> tuple[str, float, str]:
+    """``(key, depth, text)`` of one passkey document of ``length`` tokens: a uniform key and depth, then
+    ``document``; the one rule both the bundle and probe_documents draw by."""
+    key, depth = "".join(rng.choices("0123456789", k=KEY_DIGITS)), rng.random()
+    return key, depth, document(tok, vocab, counts, key, depth, length, rng)
+
+
 def passkey_documents(tok: Tokenizer, prose: Path = PROSE, train: int = TRAIN_DOCUMENTS,
                       held_out: int = HELD_OUT_DOCUMENTS, seed: int = SEED) -> list[dict]:
     """``{"id", "text", "key", "depth", "length", "held_out"}`` of every passkey document, in a fixed order:
@@ -131,8 +138,7 @@ def passkey_documents(tok: Tokenizer, prose: Path = PROSE, train: int = TRAIN_DO
         for _ in range(n):
             while True:
                 length = SEQ_LEN if held else rng.randint(MIN_LEN, SEQ_LEN)
-                key, depth = "".join(rng.choices("0123456789", k=KEY_DIGITS)), rng.random()
-                text = document(tok, vocab, counts, key, depth, length, rng)
+                key, depth, text = draw(tok, vocab, counts, length, rng)
                 if (document_key(np.asarray(tok.encode_document(text))) < below) == held:
                     break
             out.append({"id": f"passkey/{len(out)}", "text": text, "key": key, "depth": round(depth, 4),
@@ -150,11 +156,7 @@ def probe_documents(tok: Tokenizer, length: int, n: int, seed: int = PROBE_SEED,
         raise ValueError(f"a passkey document is at least {MIN_LEN} tokens (got {length})")
     vocab, counts = vocabulary(tok, prose)
     rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        key, depth = "".join(rng.choices("0123456789", k=KEY_DIGITS)), rng.random()
-        out.append(tok.encode_document(document(tok, vocab, counts, key, depth, length, rng)))
-    return out
+    return [tok.encode_document(draw(tok, vocab, counts, length, rng)[2]) for _ in range(n)]
 
 
 def split_prompt(ids, tok: Tokenizer) -> tuple[list[int], list[int]]:
