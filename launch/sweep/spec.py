@@ -133,8 +133,11 @@ def _value(recipe: R.Recipe, config, key: str, declared: Any) -> Any:
     if table == "model" and name != "flavor" and config is not None and hasattr(config, name):
         return getattr(config, name)
     obj: Any = recipe
-    for part in key.split("."):
-        obj = obj.get(part, declared) if isinstance(obj, dict) else getattr(obj, part, declared)
+    for part in R.key_parts(key):
+        if isinstance(obj, list):  # [[data.sources]]: by index or by name, as --set
+            obj = next((s for i, s in enumerate(obj) if part in (i, getattr(s, "name", None))), declared)
+        else:
+            obj = obj.get(part, declared) if isinstance(obj, dict) else getattr(obj, str(part), declared)
     return obj
 
 

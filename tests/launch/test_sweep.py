@@ -158,3 +158,18 @@ def test_dtp_toml_makes_the_union_of_its_grids_once_each_named_against_the_basel
                 {**base, "model.n_lanes": 1}]
     assert [v.values for v in found] == expected
     assert sweep.seeds == [1, 2, 3] and len(found) * len(sweep.seeds) == 24  # the file's "24 runs"
+
+
+def test_a_mixture_ablation_varies_a_source_by_name(tmp_path):
+    """A sweep axis on one source (``data.sources.<name>.<key>``, the --set grammar): each variant's recipe
+    has that source changed and no other, and a grid that does not vary the key reads it from the recipe."""
+    mix = tmp_path / "mix.toml"
+    mix.write_text('recipe = "tiny.toml"\nseeds = [1]\n'
+                   'baseline = { "data.sources.code.weight" = 0.5, "data.sources[0].max_epochs" = 4 }\n'
+                   '[[vary]]\ndata.sources.code.weight = [0.5, 0.25]\n'
+                   '[[vary]]\n"data.sources[0].max_epochs" = [8]\n')
+    found, _ = variants(read_sweep(mix), 1, tmp_path)
+    assert [v.name for v in found] == ["weight=0.5,max_epochs=4.0", "weight=0.25", "max_epochs=8.0"]
+    assert [[(s.name, s.weight, s.max_epochs) for s in v.recipe.data.sources] for v in found] == [
+        [("prose", 0.5, 4), ("code", 0.5, 4)], [("prose", 0.5, 4), ("code", 0.25, 4)],
+        [("prose", 0.5, 8), ("code", 0.5, 4)]]

@@ -1,6 +1,7 @@
 """Recipe validation: every bad input names the file, table and key."""
 
 import json
+import re
 
 import pytest
 
@@ -87,6 +88,28 @@ def test_set_overrides_are_validated(tmp_path):
         R.load(path, ["optimizer.lr=abc"])
     with pytest.raises(R.RecipeError, match=r"\[training\] has unknown key 'sequence_len'; did you mean 'seq_len'"):
         R.load(path, ["training.sequence_len=5"])
+
+
+def test_set_reaches_a_source_by_name_or_index_and_errors_name_the_set():
+    """A mixture ablation is a --set on one source (a sweep axis too); a bad one names the --set, never a
+    traceback ('list' object has no attribute 'setdefault' before)."""
+    r = R.load("tiny", ["data.sources.code.weight=0.3", "data.sources[0].max_epochs=10"])
+    assert [(s.name, s.weight, s.max_epochs) for s in r.data.sources] == [("prose", 0.5, 10), ("code", 0.3, 4)]
+    with pytest.raises(R.RecipeError, match=r"^--set data.sources.code.wieght=1 \(over .*tiny.toml\): "
+                                            r"\[data.sources\[1\]\] has unknown key 'wieght'; did you mean 'weight'"):
+        R.load("tiny", ["data.sources.code.wieght=1"])
+    with pytest.raises(R.RecipeError, match=r"^--set data.sources\[1\].weight=abc \(over .*\): \[data.sources\[1\]\] "
+                                            r"weight: expected float"):
+        R.load("tiny", ["data.sources[1].weight=abc"])
+    names = r"\(names: \[0\] 'prose', \[1\] 'code'\)"
+    for item, why in [("data.sources.cod.weight=1", "data.sources has no table named 'cod' " + names),
+                      ("data.sources[2].weight=1", r"data.sources has 2 tables, so no \[2\] " + names),
+                      ("data.sources.weight=1", r"data.sources is an array of tables; name one: "
+                                                r"data.sources.<name>.weight or data.sources\[<index>\].weight"),
+                      ("optimizer.lr.x=1", r"optimizer.lr is 0.003, not a table"),
+                      ("optimizer[0].lr=1", r"optimizer is not an array of tables, so it has no \[0\]")]:
+        with pytest.raises(R.RecipeError, match=rf"^--set '{re.escape(item)}': {why}"):
+            R.load("tiny", [item])
 
 
 def test_batch_must_divide_over_data_parallel_ranks(tmp_path):

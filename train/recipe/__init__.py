@@ -20,7 +20,7 @@ By job:
 """
 
 from train.recipe.checks import check_needs, check_world, dp_degrees, in_data_root, validation_sets
-from train.recipe.loading import DATA_ROOT_ENV, RECIPES, check_keys, check_value, find, load, to_toml
+from train.recipe.loading import DATA_ROOT_ENV, RECIPES, check_keys, check_value, find, key_parts, load, to_toml
 from train.recipe.schema import (REDUCE_GRADS, REPO, Checkpoint, Data, Eval, Launch, Logging, Model, Optimizer,
                                  Parallel, Preference, Recipe, RecipeError, Run, Schedule, TableError, Training,
                                  absolute)
@@ -28,4 +28,4 @@ from train.recipe.schema import (REDUCE_GRADS, REPO, Checkpoint, Data, Eval, Lau
 __all__ = ["DATA_ROOT_ENV", "RECIPES", "REDUCE_GRADS", "REPO", "Checkpoint", "Data", "Eval", "Launch", "Logging",
            "Model", "Optimizer", "Parallel", "Preference", "Recipe", "RecipeError", "Run", "Schedule", "TableError",
            "Training", "absolute", "check_keys", "check_needs", "check_value", "check_world", "dp_degrees", "find",
-           "in_data_root", "load", "to_toml", "validation_sets"]
+           "in_data_root", "key_parts", "load", "to_toml", "validation_sets"]

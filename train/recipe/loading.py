@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import sys
 import tomllib
 import types
@@ -41,7 +42,8 @@ class RecipeFile(str):
 
     def of(self, where: str, key: str) -> str:
         """Who gave ``[where] key``: ``--set ...`` (on the command line, over the file) or the file."""
-        item = self.sets.get((where.strip("[]"), key.split("[")[0].split(".")[0]))
+        table = where[1:-1] if where.startswith("[") else where  # "[data.sources[1]]" and "data.sources[1]"
+        item = self.sets.get((table, key.split("[")[0].split(".")[0]))
         return f"--set {item} (over {self})" if item else str(self)
 
 
@@ -93,20 +95,57 @@ def read_renamed(raw: dict, path: Path) -> None:
                   "(the old name is read until the next release)", file=sys.stderr)
 
 
+def key_parts(key: str) -> list[str | int]:
+    """A ``--set`` key's path: ``data.sources[1].weight`` -> ``["data", "sources", 1, "weight"]``; a part
+    after an array of tables may also be an element's ``name`` (``data.sources.code.weight``)."""
+    return [int(p[1:-1]) if p.startswith("[") else p for p in re.findall(r"\[\d+\]|[^.\[\]]+", key)]
+
+
 def _apply_override(raw: dict, item: str, path: Path) -> tuple[str, str]:
-    """Set ``table.key=value`` in ``raw``; returns (table, key)."""
+    """Set ``table.key=value`` in ``raw``; returns (table, key), the table as errors name it
+    (``data.sources[1]``). An array of tables takes an element by index or by name, so a mixture
+    ablation is a ``--set data.sources.code.weight=0.3`` (a sweep axis too)."""
     try:
         key, value = parse_set(item)
     except ValueError:
         key, value = "", None
-    parts = key.split(".")
-    if len(parts) < 2:
+    parts = key_parts(key)
+    if len(parts) < 2 or not isinstance(parts[-1], str):
         raise RecipeError(f"--set {item!r}: expected table.key=value")
-    table = raw
+    node, where = raw, ""
     for part in parts[:-1]:
-        table = table.setdefault(part, {})
-    table[parts[-1]] = value
-    return ".".join(parts[:-1]), parts[-1]
+        if isinstance(node, list):
+            i = _element(node, part, item, where)
+            node, where = node[i], f"{where}[{i}]"
+        elif isinstance(node, dict) and isinstance(part, str):
+            node, where = node.setdefault(part, {}), f"{where}.{part}" if where else part
+        else:
+            raise RecipeError(f"--set {item!r}: {where} is not an array of tables, so it has no [{part}]"
+                              if isinstance(node, dict) else f"--set {item!r}: {where} is {node!r}, not a table")
+    if isinstance(node, list):
+        raise RecipeError(f"--set {item!r}: {where} is an array of tables; name one: {where}.<name>.{parts[-1]} "
+                          f"or {where}[<index>].{parts[-1]} ({_names(node)})")
+    if not isinstance(node, dict):
+        raise RecipeError(f"--set {item!r}: {where} is {node!r}, not a table")
+    node[parts[-1]] = value
+    return where, parts[-1]
+
+
+def _element(tables: list, part: str | int, item: str, where: str) -> int:
+    """The index of the element ``part`` names in an array of tables: an index, or a table's ``name``."""
+    if isinstance(part, int):
+        if part < len(tables):
+            return part
+        raise RecipeError(f"--set {item!r}: {where} has {len(tables)} tables, so no [{part}] ({_names(tables)})")
+    named = [i for i, t in enumerate(tables) if isinstance(t, dict) and t.get("name") == part]
+    if len(named) != 1:
+        count = f"{len(named)} tables" if named else "no table"
+        raise RecipeError(f"--set {item!r}: {where} has {count} named {part!r} ({_names(tables)})")
+    return named[0]
+
+
+def _names(tables: list) -> str:
+    return "names: " + ", ".join(f"[{i}] {t.get('name')!r}" for i, t in enumerate(tables) if isinstance(t, dict))
 
 
 def _collect(errors: list[str], fn, *args):
