@@ -42,6 +42,7 @@ from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
+from data.mixture import MixtureError
 from train.cpu import has_gpu
 from health.consistency import is_verified
 from health.storage import NoSpace, checkpoint_bytes, free_bytes, is_out_of_space
@@ -301,6 +302,9 @@ class MilestoneCheckpointManager(CheckpointManager):
             if not self._anyone_failed(failure is not None):
                 break
             where = str(checkpoint_of(Path(self.folder), which)) if which >= 0 else self.initial_load_path
+            if isinstance(failure, MixtureError):  # it read whole but holds another data order: not damaged
+                raise RuntimeError(f"checkpoint {where} does not fit this run's data ({failure}); it is left "
+                                   "as it is") from failure
             if step >= 0 or which < 0:  # an explicit step or the initial load: nothing to fall back to
                 raise RuntimeError(f"checkpoint {where} could not be loaded ({failure})") from failure
             self._move_aside(which, failure)

@@ -24,6 +24,7 @@ from eval.suite import check_inputs
 from models.laneformer import NATIVE_FIELDS, Laneformer, laneformer_configs, model_registry
 from models.laneformer.checkpoint import open_checkpoint
 from health.storage import run_dir_problem
+from train.build.resume import check_resume
 from train.preference.build import check as check_preference
 from train.recipe import Recipe, RecipeError, check_keys, check_needs, check_value, check_world
 
@@ -137,6 +138,8 @@ def preflight(recipe: Recipe, world_size: int) -> Preflight:
     out.problems += [f"{p}: [eval] {problem}" for problem in check_inputs(recipe.eval.spec())]
     if c.export_hf and not writable(recipe.export_dir):
         out.problems.append(f"{p}: [checkpoint] export_dir: {recipe.export_dir} is not writable")
+    if out.config is not None:
+        out.problems += check_resume(recipe, out.config)
     return out
 
 
