@@ -320,9 +320,10 @@ COMMANDS: dict[str, Here | Same | Skip] = {
     # --- one command per job ---
     "torchrun --nproc-per-node 8 train.py --recipe phase1.toml": Skip(GPU, "the 2B on 8 GPUs; train.py itself runs "
                                                                          "here through make train"),
-    "... --set optimizer.lr=2e-4 --set training.steps=1000":
-        Here("python train.py --recipe tiny.toml --set optimizer.lr=2e-4 --set training.steps=1000 --print-config",
-             "steps = 1000", check=prints("lr = 0.0002")),
+    "... --set optimizer.lr=2e-4 --set training.steps=1000 --set data.sources.code.weight=0.3":
+        Here("python train.py --recipe tiny.toml --set optimizer.lr=2e-4 --set training.steps=1000 "
+             "--set data.sources.code.weight=0.3 --print-config",
+             "steps = 1000", check=prints("lr = 0.0002", 'sample_data/code"\nweight = 0.3')),
     "python train.py --recipe phase1.toml --print-config": Here("python train.py --recipe phase1.toml --print-config",
                                                                 'flavor = "2B"'),
     "python train.py --recipe phase1.toml --dry-run [--gpus 192 --mfu 0.4] [--run DIR]":
