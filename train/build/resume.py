@@ -31,11 +31,11 @@ def check_resume(recipe: Recipe, config: Laneformer.Config) -> list[str]:
     if rundir.latest_complete_checkpoint(run) is None:
         return []
     changed: list[Change] = []
-    if (file := rundir.model_config_file(run)).is_file():
+    if (model_record := rundir.model_config_file(run)).is_file():
         try:
             then = _plain(native_fields(read_native_config(run)))
         except (ValueError, TypeError) as e:  # JSON's errors are ValueErrors; an unknown field, a TypeError
-            return [f"{file}: cannot be read ({e}); the run's checkpoints were trained with the model it records"]
+            return [f"{model_record}: cannot be read ({e}); the run's checkpoints were trained with the model it records"]
         now = _plain(native_fields(config))
         changed += [("model", k, now[k], then[k], rundir.MODEL_CONFIG_FILE) for k in now
                     if k not in MAY_CHANGE and now[k] != then[k]]
