@@ -170,11 +170,11 @@ def main(argv=None) -> int:
                             f"micro batch {p.shape.micro_batch}, AC {p.shape.ac}")
                 print(f"memory plot: {args.plot}", file=sys.stderr)
             return Exit.DONE
-        from train.build import preflight  # torchtitan's configs: seconds to import, not needed above
+        from train.build import preflight, world_size  # torchtitan's configs: seconds to import, not needed above
 
         # A launch checks its own world; a dry run outside torchrun, the GPUs it plans for.
-        world = os.environ.get("WORLD_SIZE") or (args.dry_run and gpus) or 1
-        checked = preflight(recipe, int(world))
+        world = world_size() if "WORLD_SIZE" in os.environ or not args.dry_run else gpus or 1
+        checked = preflight(recipe, world)
         problems = checked.problems
     except R.RecipeError as e:
         problems = str(e).splitlines()
@@ -212,7 +212,7 @@ def main(argv=None) -> int:
         os.environ.setdefault(name, value)
     if int(os.environ.get("RANK", 0)) == 0:
         record_launch(recipe, checked.config)
-    trainer = trainer_config(recipe).build()
+    trainer = trainer_config(recipe, world).build()
     try:
         trainer.train()
     except Preempted as p:  # checkpointed; the launcher runs us again

@@ -55,7 +55,8 @@ def check(recipe: R.Recipe, args, world_size: int):
     tokenizer, init_from, writable dirs; ``--no-preflight``: only the model, for a login node
     that cannot see the cluster's data, which the job then checks), then on GPUs the memory
     plan (``--no-plan`` skips it). Nothing is submitted or recorded when there are problems."""
-    from train.build import model_config, preflight
+    from train.build import preflight
+    from train.recipe import model_config
 
     if args.no_preflight:
         try:

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from train import recipe as R
+from train.recipe.objective import PREFERENCE
 
 
 def data_report(recipe: R.Recipe) -> str:
@@ -14,10 +15,11 @@ def data_report(recipe: R.Recipe) -> str:
 
     Raises ValueError when an opened source would be read beyond its max_epochs."""
     from data.mixture import needs
-    from train.build import check_data, model_config
+    from train.build import check_data
+    from train.recipe import model_config
 
     t, sources = recipe.training, recipe.data.sources
-    if any(s.pairs for s in sources):  # pair sources are sized in pairs (train.preference.plan)
+    if recipe.objective == PREFERENCE:  # its pair sources are sized in pairs (train.preference.plan)
         return pairs_report(recipe)
     rows = needs(sources, t.seq_len, t.steps * t.global_batch)
     lines = [f"data plan: {t.total_tokens:,} tokens; per source: planned tokens, the size that keeps it "
@@ -91,8 +93,8 @@ def held_out_report(recipe: R.Recipe) -> list[str]:
 def pairs_report(recipe: R.Recipe) -> str:
     """A preference run's data plan: pairs read against each pair source's expected pairs, then the
     pairs on this machine as the loader opens them."""
-    from train.build import model_config
-    from train.preference.build import check_pairs
+    from train.recipe import model_config
+    from train.objectives.preference import check_pairs
     from train.preference.plan import size_lines
 
     lines = size_lines(recipe)[0]

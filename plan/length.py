@@ -299,7 +299,7 @@ def dry_run_lines(recipe: R.Recipe, gpus: int) -> list[str]:
     """``train.py --dry-run``: whether a long-context recipe needs CP at its own length on H100 and H200
     (one fake-tensor trace per CP degree tried); nothing for a recipe at or below ``LONG`` or for a CPU
     recipe."""
-    from train.build import model_config
+    from train.recipe import model_config
 
     if recipe.training.seq_len <= LONG or not gpus:
         return []

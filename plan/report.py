@@ -45,7 +45,7 @@ TOP = 12  # layout rows the sweep prints
 
 def run_report(recipe: R.Recipe, *, gpus: int, mfu: float, peak_tflops: float) -> str:
     """Parameters, steps, tokens, FLOPs per token and the wall time at ``mfu``."""
-    from train.build import model_config
+    from train.recipe import model_config
 
     config = model_config(recipe)
     with torch.device("meta"):
@@ -339,7 +339,7 @@ def make_plan(recipe: R.Recipe, *, gpus: int, gpu: str = "h100", with_sweep: boo
     only the lanes'), the compiled estimate (unless not ``with_compiled``: launch.slurm needs only the
     memory), a long-context recipe's table at 4k..64k tokens (unless not ``with_lengths``: ~20 s of traces
     for the 2B), optionally the sweep and tables."""
-    from train.build import model_config
+    from train.recipe import model_config
 
     if gpu not in GPUS:
         raise R.RecipeError(f"unknown GPU kind {gpu!r}; known: {', '.join(GPUS)}")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from train.metric_names import VAL_BPB, VAL_LOSS
 from train.preference.metrics import EVAL_ACCURACY, EVAL_LOSS
+from train.recipe.objective import PREFERENCE, objective_of
 
 TRAIN = "loss_metrics/global_avg_loss"  # torchtitan's name; a preference run logs its preference loss there
 
@@ -36,21 +37,16 @@ METRICS = {m.key: m for m in (
 )}
 
 
-def is_preference(recipe: dict) -> bool:
-    """Whether a resolved recipe (as recipe.toml holds it) trains on a preference loss."""
-    return bool(recipe.get("preference", {}).get("loss"))
-
-
 def default_metric(recipes: list[dict]) -> Metric:
     """Without a ``metric`` in the sweep file: held-out preference accuracy for preference runs (the one
     preference number on every loss type's scale), validation loss otherwise."""
-    return METRICS[EVAL_ACCURACY if any(is_preference(r) for r in recipes) else VAL_LOSS]
+    return METRICS[EVAL_ACCURACY if any(objective_of(r) == PREFERENCE for r in recipes) else VAL_LOSS]
 
 
 def loss_scale(recipe: dict) -> dict:
     """The resolved recipe's settings that set its loss's scale: a preference run's loss type, beta and
     label smoothing, and SimPO's margin gamma (the others ignore it); next-token cross-entropy's: no loss type."""
-    if not is_preference(recipe):
+    if objective_of(recipe) != PREFERENCE:
         return {"preference.loss": "unset"}
     pref = recipe["preference"]
     keys = ("loss", "beta", "label_smoothing", *(("gamma",) if pref["loss"] == "simpo" else ()))

@@ -61,7 +61,7 @@ def plot_memory(memory, path: Path, title: str = "") -> Figure:
 def record_plan(run: Path, gpu: str, gpus: int) -> dict:
     """Trace the run's recipe on ``gpus`` GPUs of kind ``gpu`` and write ``<run>/plan.json``."""
     from train import recipe as R
-    from train.build import model_config
+    from train.recipe import model_config
     from plan import GPUS, Shape, memory_plan
     from plan.comm import Layout
 

@@ -102,7 +102,7 @@ def flops_per_token(config, seq_len: int) -> int:
 def recipe_flops(name: str = "phase1.toml") -> float:
     """Training FLOPs of a recipe: FLOPs per token x its total tokens."""
     from train import recipe as R
-    from train.build import model_config
+    from train.recipe import model_config
 
     recipe = R.load(name)
     return float(flops_per_token(model_config(recipe), recipe.training.seq_len) * recipe.training.total_tokens)

@@ -59,7 +59,8 @@ from rundir import COMPARISON_FILE, RECIPE_FILE, REPORT_PAGE, SUMMARY_FILE, SWEE
 from rundir.table import text_table
 from train.metric_names import VAL_BPB, VAL_LOSS
 from train.preference.metrics import EVAL_ACCURACY, EVAL_LOSS
-from report.comparable import METRICS, TRAIN, Metric, default_metric, is_preference, scale_difference
+from train.recipe.objective import PREFERENCE, objective_of
+from report.comparable import METRICS, TRAIN, Metric, default_metric, scale_difference
 from report.runs import ReportError, Run, read_run
 
 TPS = "throughput(tps)"  # torchtitan's name
@@ -281,7 +282,7 @@ def write_sweep_report(folder: Path, out: Path | None = None) -> tuple[Path, lis
     write_csv(out / COMPARISON_FILE, COMPARISON_FIELDS, c.rows)
     write_csv(out / SUMMARY_FILE, SUMMARY_FIELDS, c.summary)
     lines = summary_lines(c)
-    if c.metric.key in (VAL_LOSS, TRAIN) and not any(is_preference(r.run.recipe) for r in runs):  # L(C): cross-entropy
+    if c.metric.key in (VAL_LOSS, TRAIN) and not any(objective_of(r.run.recipe) == PREFERENCE for r in runs):  # L(C): cross-entropy
         lines += scaling_lines([r.run for r in runs], c.metric.key)
     page = out / REPORT_PAGE
     page.write_text(sweep_page(record["name"], runs, c, lines, out))

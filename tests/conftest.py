@@ -68,15 +68,17 @@ def train_command(recipe: str, *sets: str, nproc: int = 1) -> list[str]:
 POISON = """
 import os, sys
 sys.path.insert(0, {repo!r})
-from torchtitan.components.loss import CrossEntropyLoss
+from train.objectives import OBJECTIVES
 calls = {{"n": 0}}
-forward = CrossEntropyLoss.__call__
-def poisoned(self, pred, *args, **kwargs):
-    calls["n"] += 1
-    if calls["n"] in {calls!r} and int(os.environ.get("RANK", "0")) in {ranks!r}:
-        pred = pred * float("nan")
-    return forward(self, pred, *args, **kwargs)
-CrossEntropyLoss.__call__ = poisoned
+def poison(forward):
+    def poisoned(self, pred, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] in {calls!r} and int(os.environ.get("RANK", "0")) in {ranks!r}:
+            pred = pred * float("nan")
+        return forward(self, pred, *args, **kwargs)
+    return poisoned
+for objective in OBJECTIVES.values():  # whichever the run's is
+    objective.__call__ = poison(objective.__call__)
 sys.argv[0] = "train.py"
 import runpy
 runpy.run_path("train.py", run_name="__main__")

@@ -7,8 +7,8 @@ level, inside functions, under ``if TYPE_CHECKING``. An upward import is how a c
 (the decoder's CLI once imported eval.load while eval.load imported the decoder).
 
 ``train`` has rooms of its own, layered the same way (``TRAIN_ROOMS``, lowest first): its
-base modules, the callbacks, the trainer and its torchtitan adapter, the
-build, and the entry points. No import circle inside train/."""
+base modules (the recipe, a preference run's losses and reference log-probs), the objectives, the
+callbacks, the trainer and its torchtitan adapter, the build, and the entry points. No import circle inside train/."""
 
 from __future__ import annotations
 
@@ -21,12 +21,10 @@ SCRIPT = "train.py"  # the command line's layer, above the planner and the repor
 
 LAYERS = ["rundir", "health", "data", "models", "eval", "train", "plan", "report", SCRIPT, "launch", "bench"]
 TRAIN_ROOMS = [
-    ["train.recipe", "train.cpu", "train.snapshot", "train.metric_names",
-     # a preference run's parts below its trainer: losses, pairs, reference log-probs, its plan
-     "train.preference.loss", "train.preference.metrics", "train.preference.reference",
-     "train.preference.plan"],
+    ["train.recipe", "train.cpu", "train.snapshot", "train.metric_names", "train.preference"],
+    ["train.objectives"],  # one a run: its loss, inputs, metrics, reference pass (the trainer calls it)
     ["train.callbacks"],
-    ["train.titan", "train.trainer", "train.preference"],  # train.preference.trainer (and the package)
+    ["train.titan", "train.trainer"],
     ["train.build"],
     ["train.data", "train.config_registry", "train"],  # the entry points ("train": the train.py script)
 ]

@@ -15,9 +15,9 @@ from train.trainer import LaneformerTrainer
 
 def _from_recipe(name: str) -> LaneformerTrainer.Config:
     use_cpu_if_no_gpu()
-    from train.build import trainer_config
+    from train.build import trainer_config, world_size
 
-    return trainer_config(load(name))
+    return trainer_config(load(name), world_size())
 
 
 def laneformer_tiny() -> LaneformerTrainer.Config:

@@ -86,6 +86,10 @@ TORCHTITAN_API = {
 # The torchtitan 0.3.0 code LaneformerTrainer ports: (owner, function) -> the first 16 hex digits of the
 # sha256 of its source. A change there is a change to read and port. (``_forward_backward_body``: ported
 # with the loss weighted, in LaneformerTrainer._forward_backward_body.)
+# TORCHTITAN_LOOP_FROM: the upstream file they were taken from, to diff against the new release on an upgrade
+# (``git diff <sha> <new tag> -- torchtitan/trainer.py``). The v0.3.0 wheel's trainer.py is git blob a6639b28,
+# last changed upstream by that commit (#4141) and unchanged on release/0.3 from 0.3.0rc1 on.
+TORCHTITAN_LOOP_FROM = "pytorch/torchtitan@6bc2108e9914e1e993f8086fe5a8dfa035eafd41 torchtitan/trainer.py (v0.3.0)"
 TORCHTITAN_LOOP = {
     (Trainer, "train"): "d2fe16fca25c505b",
     (Trainer, "train_step"): "911f8077fc175e7f",

@@ -9,7 +9,7 @@ config list of repeated numbers, a CSV table), and the renamed solution without 
 12-gram can catch (asserted, with why).
 The standalone report over the same corpus tokenized without decontamination counts the same
 documents and changes no byte or mtime of the source. Chat and pair sources are matched on their
-messages' text, not on their JSON.
+messages' text, not on their JSON; a pair on its prompt and both answers, each planted alone.
 """
 
 from __future__ import annotations
@@ -245,14 +245,19 @@ PAIRS = [  # (row, the benchmark it is dropped under, or None: kept)
                  {"role": "assistant", "content": "Double the interval until the signs differ:\n\n" + BISECTION}],
       "rejected": [{"role": "user", "content": "How do I bracket a root?"},
                    {"role": "assistant", "content": "Guess."}]}, "humaneval"),
+    ({"id": "rejected-planted",  # a pair trains on its rejected answer too: the benchmark's text is seen
+      "prompt": [{"role": "user", "content": "Do two numbers have equal divisor sums?"}],
+      "chosen": [{"role": "assistant", "content": "Sum each one's divisors and compare the sums."}],
+      "rejected": [{"role": "assistant", "content": DIV_SUM["canonical_solution"]}]}, "mbpp"),
 ]
 
 
 def test_pairs_are_matched_on_their_prompt_and_both_answers(evalplus_data, tmp_path):
-    """A pair source: a HumanEval+ prompt planted in one pair's prompt and solution lines in another's
-    chosen answer are dropped and counted; the clean pair is written. No line of either planted text holds
-    12 words on its own, so only n-grams across lines catch them, which the pair's JSON text (its
-    newlines escaped to ``\\n``, a word of its own) would never hold."""
+    """A pair source: a HumanEval+ prompt planted in one pair's prompt, solution lines in another's
+    chosen answer and an MBPP+ solution in a third's rejected answer alone are dropped and counted; the
+    clean pair is written. No line of the HumanEval+ texts holds 12 words on its own, so only n-grams
+    across lines catch them, which the pair's JSON text (its newlines escaped to ``\\n``, a word of its
+    own) would never hold."""
     assert not lines_with_a_whole_n_gram(POLY) and not lines_with_a_whole_n_gram(BISECTION)
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "pairs.jsonl").write_text("".join(json.dumps(row) + "\n" for row, _ in PAIRS))
@@ -260,22 +265,20 @@ def test_pairs_are_matched_on_their_prompt_and_both_answers(evalplus_data, tmp_p
                             decontaminate=["humaneval", "mbpp"], evalplus_data=str(evalplus_data))
     planted = {b: [row["id"] for row, bench in PAIRS if bench == b] for b in ("humaneval", "mbpp")}
     assert manifest["decontamination"]["examples"] == planted == {"humaneval": ["prompt-planted", "answer-planted"],
-                                                                  "mbpp": []}
-    assert manifest["decontamination"]["dropped"] == {"humaneval": 2, "mbpp": 0}
+                                                                  "mbpp": ["rejected-planted"]}
+    assert manifest["decontamination"]["dropped"] == {"humaneval": 2, "mbpp": 1}
     assert manifest["pairs"]["pairs"] == 1 and manifest["num_documents"] == 2
     (chosen, mask, _, _), = pairs_of(tmp_path / "out")
     assert Tokenizer(TINY_TOKENIZER).decode(chosen[mask == 1]).strip() == "Dog."
 
 
-@pytest.mark.parametrize("loss", LOSSES)
-def test_decontaminated_pairs_are_one_tokenization_whatever_the_loss_type(evalplus_data, tmp_path, capsys, loss):
-    """The "decontaminated pairs" row of the combinations table (tests/test_combinations.py): the loss type
-    plays no part in decontamination, and that is what is checked. ``train.data tokenize`` makes the
-    tokenization's arguments (``train.data.tokenize_kwargs``) from the source's fields, ``[data]`` tokenizer
-    and template, ``[training] seq_len`` and ``[eval]``'s benchmark files, before any training;
+def test_decontaminated_pairs_are_one_tokenization_whatever_the_loss_type(evalplus_data, tmp_path, capsys):
+    """The "decontaminated pairs" row of the combinations table (tests/test_combinations.py), which marks it
+    as a row the loss type plays no part in: that is what is checked, and the tokenization runs once.
+    ``train.data tokenize`` makes the tokenization's arguments (``train.data.tokenize_kwargs``) from the source's fields, ``[data]``
+    tokenizer and template, ``[training] seq_len`` and ``[eval]``'s benchmark files, before any training;
     ``[preference] loss`` is read by training alone, from the pairs written. So the arguments are the same
-    for every loss type, and a tokenization of the recipe with ``loss`` drops the planted pairs and keeps
-    the clean one."""
+    for every loss type, and the one tokenization they make drops the planted pairs and keeps the clean one."""
     from train import recipe as R
     from train.data import main as data_main
     from train.data import tokenize_kwargs
@@ -313,7 +316,6 @@ steps = 1
     assert {loss: r.preference.loss for loss, r in loaded.items()} == {loss: loss for loss in LOSSES}
     first, *others = (tokenize_kwargs(r, r.data.sources[0]) for r in loaded.values())
     assert first["decontaminate"] == ["humaneval", "mbpp"] and first["pairs"] and all(k == first for k in others)
-    assert data_main(["tokenize", "--recipe", str(recipe), "--source", "prefs", "--set",
-                      f'preference.loss="{loss}"']) == 0
-    assert "dropped as benchmark overlap (12-grams): {'humaneval': 2, 'mbpp': 0}" in capsys.readouterr().out
+    assert data_main(["tokenize", "--recipe", str(recipe), "--source", "prefs"]) == 0
+    assert "dropped as benchmark overlap (12-grams): {'humaneval': 2, 'mbpp': 1}" in capsys.readouterr().out
     assert json.loads((tmp_path / "tok" / "manifest.json").read_text())["pairs"]["pairs"] == 1

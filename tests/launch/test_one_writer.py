@@ -8,6 +8,7 @@ launch, another host) on heartbeat files written by hand; die-with-parent on pla
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +29,7 @@ from tests.launch.conftest import wait_for
 from health.exits import Exit
 from health.heartbeat import launch_id, read_beats
 from health.heartbeat import process_start_time as process_start
-from health.holder import claim, holders, pid_alive
+from health.holder import claim, holders, latest_claim, pid_alive
 from train.recipe import Launch
 
 HOST = socket.gethostname()
@@ -214,6 +216,79 @@ def test_the_slurm_batch_scripts_begin_refuses_a_held_run_dir_before_writing_any
 
 # ---- at the same instant, and after an end -------------------------------------------------------
 
+
+@functools.cache
+def held_writes() -> dict:
+    """An audit hook (sys.addaudithook, installed once, idle while the dict it returns is empty) that holds
+    each thread of ``racers`` at its first write into ``folder`` (a file opened to write, a link or a
+    rename made there, however the code under test makes it) on ``barrier``: no racer writes there before
+    every racer has reached its own first write, so each has read and judged the folder as it was."""
+    held: dict = {}
+    writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT
+
+    def hook(event: str, args: tuple) -> None:
+        if not held or threading.current_thread() not in held["racers"]:
+            return
+        if event == "open" and isinstance(args[2], int) and args[2] & writes:
+            path = args[0]
+        elif event in ("os.link", "os.rename", "os.symlink"):
+            path = args[1]
+        else:
+            return
+        if isinstance(path, (str, bytes, os.PathLike)) and os.path.dirname(os.fsdecode(path)) == held["folder"]:
+            held["racers"].discard(threading.current_thread())
+            held["barrier"].wait()
+
+    sys.addaudithook(hook)
+    return held
+
+
+def test_two_launches_that_read_the_same_latest_claim_cannot_both_make_the_next(tmp_path, monkeypatch):
+    """The order a claim made by check-then-write loses, made rather than waited for: two launches read
+    claim 1 (stale: its process is gone) and decide to take the run dir over before either writes; each
+    is held at its first write into the claims folder until the other reaches its own. link(2) lets one
+    make claim 2; the other finds it made, judges it (its launch alive: this process) and is refused.
+    Had each checked that claim 2 was absent and then written it, both would pass."""
+    run = tmp_path / "run"
+    rundir.claims_dir(run).mkdir(parents=True)
+    rundir.claim_file(run, 1).write_text(json.dumps({"owner": "1", "host": HOST, "pid": gone_pid(),
+                                                     "time": time.time() - 5}))
+    first_read = {}
+
+    def recorded(r: Path) -> tuple[int, dict]:
+        found = latest_claim(r)
+        first_read.setdefault(threading.current_thread().name, found[0])
+        return found
+
+    monkeypatch.setattr("health.holder.latest_claim", recorded)
+    results, said = {}, {"a": [], "b": []}
+
+    def launch(job: str) -> None:
+        try:
+            results[job] = claim(run, LIMITS, job=job, say=said[job].append)
+        except Exception as e:  # a racer left alone at the barrier (it never wrote): the assertions name it
+            results[job] = e
+
+    racers = [threading.Thread(target=launch, args=(job,), name=job) for job in ("a", "b")]
+    held = held_writes()
+    held.update(folder=str(rundir.claims_dir(run)), barrier=threading.Barrier(2, timeout=20), racers=set(racers))
+    try:
+        for racer in racers:
+            racer.start()
+        for racer in racers:
+            racer.join(timeout=60)
+    finally:
+        held.clear()
+    assert first_read == {"a": 1, "b": 1}, results  # both judged claim 1 the latest
+    passed = [job for job, result in results.items() if result is None]
+    assert len(passed) == 1 and len(results) == 2, results
+    winner, loser = passed[0], ({"a", "b"} - set(passed)).pop()
+    assert f"claimed by another launch that is starting: {winner} (claimed" in results[loser], results
+    assert rundir.claim_numbers(run) == [2, 1]
+    assert json.loads(rundir.claim_file(run, 2).read_text())["owner"] == winner
+    assert "took over from a stale holder" in said[winner][0] and said[loser] == [], said
+
+
 # A SLURM batch script's first step (``launch.attempts begin``), held at a barrier: it says it is ready,
 # then spins on the go file, so that both racers enter the claim within about a millisecond.
 RACER = ("import os, sys, time; from launch.attempts import main; ready, go = sys.argv[1:3]; open(ready, 'w').close()\n"
@@ -221,11 +296,14 @@ RACER = ("import os, sys, time; from launch.attempts import main; ready, go = sy
          "sys.exit(main(sys.argv[3:]))")
 
 
-def test_two_launches_released_together_exactly_one_passes_each_time(tmp_path):
-    """No beat is written by either (they are still starting): only the claim tells them apart. Between
-    tries the winner's end is recorded, which frees the run dir at once."""
+def test_two_batch_scripts_released_together_exactly_one_passes_each_time(tmp_path):
+    """The claim as ``launch.attempts begin`` makes it, in two processes (the claim's process the batch
+    shell): the loser's error names the winner, attempts.jsonl has the winner's start alone, and the
+    winner's end, recorded, frees the run dir at once for the next pair. No beat is written by either
+    (they are still starting): only the claim tells them apart. Which order the claims ran in is left to
+    chance here; the order that matters is forced above."""
     run, recipe = tmp_path / "run", str(REPO / "recipes" / "tiny.toml")
-    for attempt in range(24):
+    for attempt in range(3):
         gate = tmp_path / f"try-{attempt}"
         gate.mkdir()
         jobs = [f"{attempt}0", f"{attempt}1"]

@@ -25,7 +25,7 @@ CP2 = ["parallel.context_parallel=2", "training.seq_len=256", "eval.every=0", "e
 
 
 @pytest.mark.slow
-def test_cp2_logits_gradients_and_one_step_equal_cp1_with_window_and_document_masks():
+def test_cp2_logits_gradients_and_one_step_equal_cp1_with_window_and_document_masks_and_loss_weights():
     run = subprocess.run([TORCHRUN, "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                           "--master-port", str(free_port()), str(RANKS)],
                          env=env(), capture_output=True, text=True, timeout=300, cwd=RANKS.parents[2])
@@ -34,8 +34,9 @@ def test_cp2_logits_gradients_and_one_step_equal_cp1_with_window_and_document_ma
 
 @pytest.mark.slow
 def test_training_with_cp2_logs_what_two_fsdp_ranks_log_and_skips_a_spike_on_one_slice(tmp_path):
-    """train.py end to end (the masks built before slicing: LaneformerTrainer.post_dataloading_process): 2
-    ranks as CP 2 against 2 ranks as FSDP 2, the same global batches. Both shard the parameters over 2
+    """train.py end to end (the masks built before slicing, the code source's loss weights cut with the
+    tokens: LaneformerTrainer.post_dataloading_process): 2 ranks as CP 2 against 2 ranks as FSDP 2, the same
+    global batches, on a weighted mixture (code tokens count 3 times: the weighted objective). Both shard the parameters over 2
     ranks, so both start from the same initial weights: a one-rank run's differ (its step-1 loss, computed
     before any update, was 8.7945 against 8.7933 here).
 
@@ -43,7 +44,7 @@ def test_training_with_cp2_logs_what_two_fsdp_ranks_log_and_skips_a_spike_on_one
     spike guard (rank 1's own loss is finite). The guard reads the loss summed over the CP slices, so both
     ranks skip the update, and steps 3-4 log what the FSDP run logs after skipping the same step."""
     sets = [*CP2[1:], "training.steps=4", "logging.interval=1", "training.global_batch=4", "training.micro_batch=2",
-            "schedule.warmup_steps=1"]
+            "schedule.warmup_steps=1", "data.sources.code.loss_weight=3"]
     # micro batches a step on each rank: FSDP 2, one (2 data-parallel ranks); CP 2, two (one data-parallel rank)
     logged, rows = {}, {}
     for name, extra, step2 in (("fsdp2", [], 2), ("cp2", [CP2[0]], 3)):
@@ -62,13 +63,12 @@ def test_training_with_cp2_logs_what_two_fsdp_ranks_log_and_skips_a_spike_on_one
     assert [row[3] for row in logged["cp2"]] == pytest.approx([row[1] for row in logged["cp2"]], rel=1e-6)
 
 
-def test_the_degree_reaches_torchtitan_and_the_data_parallel_layout(monkeypatch):
+def test_the_degree_reaches_torchtitan_and_the_data_parallel_layout():
     """The CP ranks of a sequence are one data-parallel rank: shard x replicate is the world over CP."""
     from train.build import trainer_config
 
-    monkeypatch.setenv("WORLD_SIZE", "8")
     recipe = R.load("tiny.toml", [*CP2, "parallel.replicate=-1", "parallel.shard=2"])
-    config = trainer_config(recipe)
+    config = trainer_config(recipe, 8)
     assert config.parallelism.context_parallel_degree == 2
     # 8 ranks: 4 data-parallel ranks of 2 CP ranks each, 2 shards x 2 replicas
     assert config.parallelism.data_parallel_replicate_degree == 2 and R.dp_degrees(recipe, 8) == (2, 2)

@@ -1,5 +1,7 @@
 """The callbacks' contract (``train.callbacks.callback.TrainerView``) holds by the type check: a callback
-reading what its view does not name, or writing to the trainer, fails mypy as ``make test`` runs it."""
+reading what its view does not name, or writing to the trainer, fails mypy as ``make test`` runs it. One
+view for every kind of run: what an objective adds is reached through ``trainer.objective``'s own methods
+(train.objectives.base.Objective), never by reading a particular objective's attributes."""
 
 from __future__ import annotations
 
@@ -9,19 +11,21 @@ import sys
 from rundir import REPO
 
 SNIPPET = """
-from train.callbacks.callback import Callback, PreferenceTrainerView, TrainerView
+from train.callbacks.callback import Callback, TrainerView
 
 
 class Pretraining(Callback[TrainerView]):
     def post_step(self, trainer: TrainerView) -> None:
         print(trainer.step, trainer.config.dump_folder)  # named by the view
-        print(trainer.held_out_pairs)  # a preference trainer's
+        print(trainer.held_out_pairs)  # a preference objective's, not the trainer's
         trainer.step = 0  # read-only
 
 
-class Preference(Callback[PreferenceTrainerView]):
-    def post_step(self, trainer: PreferenceTrainerView) -> None:
-        print(trainer.held_out_pairs, trainer.preference_loss.beta)
+class AnyObjective(Callback[TrainerView]):
+    def post_step(self, trainer: TrainerView) -> None:
+        if trainer.objective.evaluates:  # the objective's own evaluation, whichever it is
+            print(trainer.objective.evaluate(trainer))
+        print(trainer.objective.held_out_pairs)  # one objective's attribute: not the contract
 """
 
 
@@ -33,5 +37,6 @@ def test_a_callback_reading_outside_its_view_fails_the_type_check(tmp_path):
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     errors = [line.split(": error: ", 1)[1] for line in result.stdout.splitlines() if ": error: " in line]
     assert errors == ['"TrainerView" has no attribute "held_out_pairs"  [attr-defined]',
-                      'Property "step" defined in "TrainerView" is read-only  [misc]'], result.stdout + result.stderr
+                      'Property "step" defined in "TrainerView" is read-only  [misc]',
+                      '"ObjectiveView" has no attribute "held_out_pairs"  [attr-defined]'], result.stdout + result.stderr
     assert result.returncode == 1

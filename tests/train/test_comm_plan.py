@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from train import recipe as R
-from train.build import model_config
+from train.recipe import model_config
 from plan.comm import Layout, candidate_layouts, cluster_for, communication
 from plan.roofline import Op, Speed
 

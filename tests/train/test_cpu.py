@@ -42,7 +42,7 @@ def test_tiny_recipe_gets_cpu_settings():
     from train import recipe as R
     from train.build import trainer_config
 
-    config = trainer_config(R.load("tiny.toml"))
+    config = trainer_config(R.load("tiny.toml"), 1)
     assert type(config.model_spec.model.inner_attention) is DenseMaskFlexAttention.Config
     assert config.training.mixed_precision_param == "float32"
     assert config.training.disable_cuda_graphs

@@ -36,7 +36,7 @@ def record_syncs(run: str, out: str) -> None:
         "training.seq_len=64", "training.global_batch=8", "training.micro_batch=4", "schedule.warmup_steps=2",
         "logging.tensorboard=false", 'logging.wandb_mode="disabled"', "eval.at_end=false",
         "checkpoint.interval=1000"])
-    trainer = trainer_config(recipe).build()
+    trainer = trainer_config(recipe, 1).build()
     calls: list[tuple[int, str]] = []
     torch_dir = str(Path(torch.__file__).parent) + "/"
 

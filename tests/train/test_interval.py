@@ -45,7 +45,7 @@ def test_the_readme_row_is_what_the_planner_computes_for_phase1():
     """``checkpoint_interval`` on phase 1 as committed, 192 H100s (train.py --plan's call), against the
     README's row, every number of it."""
     from train import recipe as R
-    from train.build import model_config
+    from train.recipe import model_config
     from plan.gpus import GPUS
     from plan.report import Layout, Shape, _accumulation, cluster_for
     from plan.roofline import roofline

@@ -11,7 +11,7 @@ import torch
 from data.mixture import DEFAULT_PERIOD, needs
 from models.laneformer import laneformer_configs
 from train import recipe as R
-from train.build import model_config
+from train.recipe import model_config
 
 SEQ_LEN = 16_384
 SHORT_SHARE = 0.40  # ProLong's 40% short data (train_64K.sh), the floor issue 44 sets

@@ -1,7 +1,8 @@
-"""A source's ``loss_weight`` (data.mixture, train.trainer): the step's loss is sum(w x ce) / sum(w), each
-trained token weighted by its source's weight, checked against torch's per-token losses and, for a real
-run's first step, against the loss recomputed from the weights it started from; refused where it would
-be ignored (pairs, context parallelism)."""
+"""A source's ``loss_weight`` (data.mixture, train.objectives.weighted_cross_entropy): the step's loss is
+sum(w x ce) / sum(w), each trained token weighted by its source's weight, checked against torch's
+per-token losses and, for a real run's first step, against the loss recomputed from the weights it
+started from; refused where it would be ignored (pairs). Under context parallelism the weights are cut
+with the tokens: tests/models/test_context_parallel.py."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from rundir import REPO
 from tests.conftest import losses, short, train
 from torchtitan.components.loss import cross_entropy_loss
 from train import recipe as R
-from train.trainer import weighted_cross_entropy
+from train.objectives.weighted_cross_entropy import weighted_cross_entropy
+from train.recipe.objective import CROSS_ENTROPY, WEIGHTED_CROSS_ENTROPY
 
 PROSE, CODE = REPO / "assets/sample_data/prose", REPO / "assets/sample_data/code"
 
@@ -59,15 +61,14 @@ def test_a_loss_weight_that_would_be_ignored_or_undefined_is_refused(kwargs, mes
         SourceSpec("a", PROSE, weight=1, **kwargs)
 
 
-def test_context_parallel_with_a_loss_weight_is_refused_at_load(tmp_path):
-    recipe = tmp_path / "weighted.toml"
-    recipe.write_text((REPO / "recipes/tiny.toml").read_text().replace(
-        'path = "assets/sample_data/code"\n', 'path = "assets/sample_data/code"\nloss_weight = 5.0\n'))
+def test_a_loss_weight_makes_the_run_weighted_and_context_parallelism_takes_it():
+    """The objective is a property of the recipe (train.recipe.objective): a source's loss weight other than 1
+    makes it weighted cross-entropy, under CP too (its slicing cuts the weights with the tokens)."""
     cp2 = ["parallel.context_parallel=2", "training.seq_len=256", "eval.every=0", "eval.at_end=false"]
-    with pytest.raises(R.RecipeError, match=r"weighted.toml: \[parallel\] context_parallel: 2 with a source's "
-                                            r"loss_weight \(code\)"):
-        R.load(str(recipe), cp2)
-    assert R.load(str(recipe), []).data.sources[1].loss_weight == 5.0
+    assert R.load("tiny.toml", []).objective == CROSS_ENTROPY
+    assert R.load("tiny.toml", ["data.sources.code.loss_weight=1.0"]).objective == CROSS_ENTROPY
+    weighted = R.load("tiny.toml", [*cp2, "data.sources.code.loss_weight=5.0"])
+    assert weighted.objective == WEIGHTED_CROSS_ENTROPY and weighted.data.sources[1].loss_weight == 5.0
 
 
 @pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])

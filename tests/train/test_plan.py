@@ -22,7 +22,7 @@ from rundir import REPO
 from tests.conftest import env
 import plan as P
 from train import recipe as R
-from train.build import model_config
+from train.recipe import model_config
 
 
 @pytest.fixture(scope="module")

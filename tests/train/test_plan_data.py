@@ -8,7 +8,8 @@ import pytest
 
 from data.mixture import MixtureLoader, needs
 from train import recipe as R
-from train.build import check_data, model_config, preflight
+from train.build import check_data, preflight
+from train.recipe import model_config
 from train.recipe import check_needs
 from plan.data import data_report
 

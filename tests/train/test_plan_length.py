@@ -18,7 +18,7 @@ from models.laneformer.flops import flops_per_token
 from plan.comm import cluster_for
 from plan.length import LENGTHS, _at_length, dry_run_lines, length_table, recipe_need
 from train import recipe as R
-from train.build import model_config
+from train.recipe import model_config
 
 GIB = 2**30
 

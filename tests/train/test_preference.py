@@ -18,7 +18,7 @@ from data.mixture import IGNORE_INDEX
 from tests.conftest import tiny_random_model
 from tests.train.pair_sources import write_pair_source
 from train.preference import reference
-from train.preference.loss import LOSSES, PreferenceLoss, sequence_logps
+from train.preference.loss import PreferenceLoss, sequence_logps
 from data.pairs import PairError
 from data.pairs_loader import PairLoader, PairSet
 
@@ -92,18 +92,23 @@ def sources(tmp_path_factory):
 
 
 def test_held_out_pairs_are_scored_with_the_loss_the_trainer_trains_with(sources):
-    """train.callbacks.eval scores held-out pairs with the trainer's own ``preference_loss`` (built once): the
-    policy as its own reference gives ln 2 on every pair and wins none (ties)."""
+    """The preference objective scores held-out pairs (its ``evaluate``, the eval callback's part) with the loss
+    it trains with (built once): the policy as its own reference gives ln 2 on every pair and wins none (ties)."""
     from types import SimpleNamespace
 
+    from train import recipe as R
     from train.callbacks.eval import Eval
+    from train.objectives.preference import Preference
     from train.preference.metrics import EVAL_ACCURACY, EVAL_LOSS
 
     model, pairs, cpu = tiny_random_model(), PairSet([sources[1]], seq_len=32), torch.device("cpu")
     logps = torch.from_numpy(reference.pair_logps(model, pairs, local_pairs=2, average=False, device=cpu))
-    trainer = SimpleNamespace(model_parts=[model], held_out_pairs=pairs, local_pairs=2, device=cpu,
-                              preference_loss=PreferenceLoss("dpo", 0.1, 0.0, 0.0), reference={"held_out": logps})
-    scored = Eval.score_pairs(trainer)
+    objective = Preference(Preference.Config(preference=R.Preference(loss="dpo", held_out=[str(sources[1])])))
+    assert objective.evaluates and objective.loss.beta == 0.1
+    objective.held_out_pairs, objective.local_pairs, objective.reference = pairs, 2, {"held_out": logps}
+    trainer = SimpleNamespace(model_parts=[model], device=cpu, objective=objective)
+    [(name, part)] = Eval.objective_part(trainer).items()
+    scored = part(trainer)
     assert scored[EVAL_LOSS] == pytest.approx(math.log(2), rel=1e-6) and scored[EVAL_ACCURACY] == 0.0
 
 
@@ -267,18 +272,19 @@ def test_preflight_a_preference_run_reads_pair_sources_only_and_pairs_need_a_pre
     assert "source 'pairs': the run reads 480 pairs, 48.00 epochs of the 10 pairs, over its max_epochs 1" in problems
 
 
-@pytest.mark.parametrize("loss", LOSSES)
-def test_pair_sources_take_equal_weights_and_no_token_budget_whatever_the_loss(loss, sources, tmp_path):
+def test_pair_sources_take_equal_weights_and_no_token_budget_whatever_the_loss(sources, tmp_path):
     """A preference run draws its pairs uniformly from all its pair sources: a weight or budget that
     would be ignored is refused at recipe load, naming the file and field (issue 43's table, its weights row;
-    two pair sources of equal weight train in tests/e2e/test_preference.py)."""
+    two pair sources of equal weight train in tests/e2e/test_preference.py). The refusal is the ``[data]``
+    table's own (``train.recipe.schema.Data``), which never reads ``[preference]``: the loss type plays no
+    part, so this runs once, on tiny-dpo's loss (tests/test_combinations.py marks the row so)."""
     from train import recipe as R
 
     def two(second: str) -> str:
         return (f'data.sources=[{{name = "a", path = "{sources[0]}", pairs = true, weight = 2.0, max_epochs = 100}}, '
                 f'{{name = "b", path = "{sources[1]}", pairs = true, {second}, max_epochs = 100}}]')
 
-    base = [f"run.output_dir={tmp_path}", f'preference.loss="{loss}"']
+    base = [f"run.output_dir={tmp_path}"]
     assert [s.weight for s in R.load("tiny-dpo.toml", [*base, two("weight = 2.0")]).data.sources] == [2.0, 2.0]
     given = f"--set {two('weight = 1.0')} (over {R.find('tiny-dpo.toml')})"
     with pytest.raises(R.RecipeError, match=re.escape(

@@ -149,13 +149,13 @@ def test_context_parallel_is_refused_in_a_preference_run_and_divides_the_world_b
         R.dp_degrees(recipe, 8)  # 8 ranks over CP 2: 4 data-parallel ranks
 
 
-def test_the_layout_reaches_torchtitan_and_the_trainer(monkeypatch):
+def test_the_layout_reaches_torchtitan_and_the_trainer():
     from train.build import trainer_config
 
-    monkeypatch.setenv("WORLD_SIZE", "16")  # torchrun's: a replicate degree of -1 is resolved on it
     config = trainer_config(R.load("tiny.toml", ["parallel.shard=8", "parallel.replicate=-1",
                                                  'parallel.reshard_after_forward="never"',
-                                                 'parallel.reduce_grads="replicas_last_micro_batch"']))
+                                                 'parallel.reduce_grads="replicas_last_micro_batch"']),
+                            16)  # the world: a replicate degree of -1 is resolved on it
     p = config.parallelism
     assert (p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.fsdp_reshard_after_forward,
             config.reduce_grads) == (2, 8, "never", "replicas_last_micro_batch")

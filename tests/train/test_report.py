@@ -41,7 +41,7 @@ def copy_run(run: Path, dst: Path) -> Path:
 def fake_run(tmp_path: Path, rows: list[dict], steps: int = 10, sets: tuple[str, ...] = ()) -> Path:
     """A run dir as train.py leaves it: the resolved recipe (tiny.toml with ``sets``), the model config and a
     launch record (train.snapshot), and ``rows`` logged through the trainer's MetricsJsonl."""
-    from train.build import model_config
+    from train.recipe import model_config
     from train.snapshot import record_launch
 
     recipe = R.load("tiny.toml", [f"run.output_dir={tmp_path / 'run'}", f"training.steps={steps}",
@@ -67,7 +67,7 @@ def step_rows(steps, **extra) -> list[dict]:
 def test_the_run_writes_its_report_and_the_figures_hold_its_numbers(reference, tmp_path_factory):
     from data.loader import build_mixture
     from data.tokenizer import Tokenizer
-    from train.build import model_config
+    from train.recipe import model_config
 
     run = reference_run(tmp_path_factory)
     page = run / "report" / "report.html"
@@ -290,7 +290,7 @@ def test_an_unreadable_run_dir_is_named(tmp_path):
 
 def test_the_memory_plan_is_drawn_as_a_stacked_bar_and_against_the_run(tmp_path):
     from plan import GPUS, Shape, memory_plan
-    from train.build import model_config
+    from train.recipe import model_config
     from report.memory import PARTS, plot_memory, record_plan
 
     run = fake_run(tmp_path, step_rows([1, 2]))

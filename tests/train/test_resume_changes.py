@@ -13,7 +13,7 @@ import pytest
 import rundir
 from tests.conftest import SHORT, reference_run, train
 from train import recipe as R
-from train.build.checks import model_config
+from train.recipe import model_config
 from train.build.resume import check_resume
 from train.snapshot import record_launch
 

@@ -19,7 +19,7 @@ from launch.sweep.spec import read_sweep, variants
 from models.laneformer import laneformer_configs, native_fields
 from rundir import COMPARISON_FILE, METRICS_FILE, MODEL_CONFIG_FILE, RECIPE_FILE, REPO, SUMMARY_FILE, SWEEP_FILE
 from train import recipe as R
-from train.preference.loss import NEEDS_REFERENCE
+from train.preference.loss import LOSSES
 from train.preference.metrics import EVAL_ACCURACY, EVAL_LOSS
 from report.__main__ import main as report_main
 from report.comparable import TRAIN
@@ -76,10 +76,21 @@ ACCURACY = {"loss=dpo,beta=0.1": 0.80, "beta=5.0": 0.85, "loss=dpo_norm": 0.70, 
             "loss=simpo": 0.75, "loss=simpo,beta=5.0": 0.60}
 
 
+# Each loss type's values on a scale of its own, as in training: dpo_norm averages the log-probs dpo sums
+# (~20 times smaller), simpo has no reference and a margin.
+LOSS_SCALE = {"dpo": 1.0, "dpo_norm": 0.05, "simpo": 3.0}
+
+
 def pref_train_loss(loss: str, beta: float, step: int) -> float:
-    """A fake preference run's training loss: each loss type and beta on a scale of its own (ln 2 at step
-    0, falling faster with beta; dpo_norm's and simpo's mean log-probs ~20 times flatter than dpo's sums)."""
-    return math.log(2) * math.exp(-beta * step / (10 if loss == "dpo" else 200))
+    """A fake preference run's training loss: each loss type and beta on a scale of its own (its LOSS_SCALE
+    x ln 2 at step 0, falling faster with beta; dpo_norm's and simpo's mean log-probs ~20 times flatter
+    than dpo's sums)."""
+    return LOSS_SCALE[loss] * math.log(2) * math.exp(-beta * step / (10 if loss == "dpo" else 200))
+
+
+def pref_eval_loss(loss: str, accuracy: float) -> float:
+    """A fake preference run's held-out loss: its LOSS_SCALE x ln 2 at accuracy 0.5 (ties), lower as it rises."""
+    return LOSS_SCALE[loss] * math.log(2) * (1.5 - accuracy)
 
 
 def write_pref_metrics(folder: Path, loss: str, beta: float, final: float | None) -> None:
@@ -88,7 +99,7 @@ def write_pref_metrics(folder: Path, loss: str, beta: float, final: float | None
     None (as simpo logged none before it evaluated its held-out pairs)."""
     rows = [{"step": s, TRAIN: pref_train_loss(loss, beta, s)} for s in range(1, STEPS + 1)]
     if final is not None:
-        rows += [{"step": s, EVAL_ACCURACY: acc, EVAL_LOSS: math.log(2) * (1.5 - acc)}
+        rows += [{"step": s, EVAL_ACCURACY: acc, EVAL_LOSS: pref_eval_loss(loss, acc)}
                  for s, acc in ((0, 0.5), (5, (0.5 + final) / 2), (STEPS, final))]
     (folder / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
 
@@ -385,18 +396,24 @@ def test_the_metric_the_sweep_names_is_the_one_compared(tmp_path, capsys):
     assert "metric 'eval/accuracy': not one a sweep is compared on" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("loss", list(NEEDS_REFERENCE))
+@pytest.mark.parametrize("loss", LOSSES)
 def test_sweep_report_compares_each_loss_type_on_held_out_accuracy(tmp_path, capsys, loss):
     """Issue 43's table of what a recipe combines with each loss type, the sweep report's row: a sweep of
-    one loss type over beta, 2 seeds, is compared on held-out accuracy (never on the losses, which beta
-    scales) with Welch's verdict."""
+    one loss type over beta, 2 seeds, is compared on held-out accuracy with Welch's verdict, never on the
+    losses, which beta scales and which each loss type logs on a scale of its own (LOSS_SCALE): the runs'
+    losses differ from one loss type to the next, the verdict is the same for every one."""
     file = tmp_path / f"{loss}.toml"
     file.write_text(f'recipe = "tiny-dpo.toml"\nseeds = [1, 2]\nbaseline = {{ "preference.beta" = 0.1 }}\n'
                     f'[set]\npreference.loss = "{loss}"\n[vary]\npreference.beta = [0.1, 5.0]\n')
     root = fake_preference_sweep(tmp_path / loss, {"beta=0.1": 0.7, "beta=5.0": 0.9}, file)
-    printed, summary, _ = report(root, capsys)
+    printed, summary, rows = report(root, capsys)
     assert "held-out preference accuracy at 20,480 tokens (eval/pref_accuracy, higher is better;" in printed
     assert "the runs' losses are not on one scale (preference.beta 0.1, 5" in printed
+    for variant, acc in (("beta=0.1", 0.7), ("beta=5.0", 0.9)):  # each run's losses shown on its own scale
+        assert float(rows[f"{variant}-seed1"]["pref_loss"]) == pytest.approx(pref_eval_loss(loss, acc))
+        assert float(rows[f"{variant}-seed1"]["train_loss"]) == pytest.approx(
+            pref_train_loss(loss, float(variant.removeprefix("beta=")), STEPS))
     t, _ = welch([0.9, 0.91], [0.7, 0.71])
     assert summary["beta=5.0"]["metric"] == EVAL_ACCURACY
+    assert float(summary["beta=5.0"]["mean"]) == pytest.approx(0.905)
     assert summary["beta=5.0"]["verdict"] == f"better by 0.200 ({t:.1f} sigma)"

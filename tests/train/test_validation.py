@@ -194,7 +194,7 @@ def test_no_config_builder_sets_environment_variables(tmp_path, monkeypatch):
     from train.build import trainer_config
 
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
-    trainer_config(tiny(tmp_path))
+    trainer_config(tiny(tmp_path), 1)
     assert "WANDB_PROJECT" not in os.environ
 
 

@@ -5,12 +5,10 @@ a launch starts only with none.
 
 from __future__ import annotations
 
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torchtitan.protocols.model_spec import ModelSpec
 
 from rundir import writable
 from data.chat import resolve_template, template_sha256
@@ -21,31 +19,13 @@ from data.pairs import MANIFEST_KEY as PAIRS
 from data.shards import MANIFEST, load_manifest, open_source
 from data.tokenizer import Tokenizer, check_sha256, how_to_get
 from eval.suite import check_inputs
-from models.laneformer import NATIVE_FIELDS, Laneformer, laneformer_configs, model_registry
+from models.laneformer import Laneformer
 from models.laneformer.checkpoint import open_checkpoint
 from health.storage import run_dir_problem
 from train.build.resume import check_resume
-from train.preference.build import check as check_preference
-from train.recipe import Recipe, RecipeError, check_keys, check_needs, check_value, check_world
-
-
-def model_spec(recipe: Recipe) -> ModelSpec:
-    """The flavor's ModelSpec with the recipe's ``[model]`` overrides, each checked against
-    ``Laneformer.Config``'s type hints by the recipe's own checker."""
-    m, path = recipe.model, recipe.path
-    if m.flavor not in laneformer_configs:
-        raise RecipeError(f"{path}: [model] flavor: unknown {m.flavor!r}; known: {sorted(laneformer_configs)}")
-    check_keys(m.overrides, NATIVE_FIELDS, path, "[model]")
-    hints = typing.get_type_hints(Laneformer.Config)
-    overrides = {k: check_value(v, hints[k], path, "model", k) for k, v in m.overrides.items()}
-    try:
-        return model_registry(m.flavor, **overrides)
-    except (ValueError, TypeError) as e:
-        raise RecipeError(f"{path}: [model] {e}") from e
-
-
-def model_config(recipe: Recipe) -> Laneformer.Config:
-    return model_spec(recipe).model
+from train.objectives import OBJECTIVES
+from train.recipe.objective import PREFERENCE
+from train.recipe import Recipe, RecipeError, check_needs, check_world, model_config
 
 
 def initial_load(recipe: Recipe) -> tuple[str | None, bool]:
@@ -117,9 +97,9 @@ def preflight(recipe: Recipe, world_size: int) -> Preflight:
         out.problems.append(f"{p}: [data.sources[{i}]] path: {s.path} not found (source {s.name!r}; make it with "
                             f"{make_source_command(recipe, s)})")
     if out.config is not None and tokenizer is not None and d.sources and not missing:
-        try:  # pair sources open as a preference run's pairs (train.preference), the others as the mixture
-            problems = check_preference(recipe, out.config, tokenizer)
-            if not any(s.pairs for s in d.sources):
+        try:  # the objective's own questions (a preference run's pairs open as pairs), then the mixture
+            problems = OBJECTIVES[recipe.objective].check(recipe, out.config, tokenizer)
+            if not problems and recipe.objective != PREFERENCE:
                 out.mixture = check_data(recipe, out.config, tokenizer)
         except (ValueError, OSError) as e:
             out.problems.append(f"{p}: [data] sources: {e}")

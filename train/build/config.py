@@ -1,8 +1,7 @@
 """A checked ``Recipe`` compiled into torchtitan's ``Trainer.Config``: every recipe table maps onto the
-torchtitan component that owns it, nothing through command-line strings. The stage's own parts (a
-preference run's trainer, pairs and loss) are ``train.preference.build.configure``'s; the result is
-adapted for CPU (fp32, gloo) only when no GPU is present; the attention kernel comes from
-``model_registry``.
+torchtitan component that owns it, nothing through command-line strings. The run's objective
+(train.objectives, by ``Recipe.objective``) gives its loss and its data loader; the result is adapted for
+CPU (fp32, gloo) only when no GPU is present; the attention kernel comes from ``model_registry``.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.components.optimizer import LRSchedulersContainer
 from torchtitan.components.optimizer.optimizer import ParamGroupConfig
 from torchtitan.config import CommConfig, CompileConfig, ParallelismConfig, TrainingConfig
@@ -18,8 +16,8 @@ from torchtitan.config.configs import DebugConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
 import rundir
-from data.loader import MixtureDataLoader, SentencePieceTokenizer
-from train.build.checks import initial_load, model_spec
+from data.loader import SentencePieceTokenizer
+from train.build.checks import initial_load
 from train.callbacks.bitflip import BITFLIP_ENV, BitFlip
 from train.callbacks.eval import Eval
 from train.callbacks.export import Export
@@ -34,8 +32,8 @@ from train.callbacks.source_tokens import SourceTokens
 from train.callbacks.spike_guard import SpikeGuard
 from train.callbacks.straggler import Straggler
 from train.cpu import adapt_config
-from train.preference.build import configure
-from train.recipe import Recipe, dp_degrees
+from train.objectives import OBJECTIVES
+from train.recipe import Recipe, dp_degrees, model_spec
 from train.titan import GuardedOptimizers, LaneformerMetrics, MilestoneCheckpointManager
 from train.trainer import LaneformerTrainer
 
@@ -83,12 +81,19 @@ def callbacks(recipe: Recipe) -> list:
     return made
 
 
-def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
+def world_size() -> int:
+    """This launch's ranks, as torchrun says (1 without it): train.py reads it once and hands it to the
+    preflight and the trainer config."""
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def trainer_config(recipe: Recipe, world: int) -> LaneformerTrainer.Config:
+    """The Trainer config of ``recipe`` on ``world`` ranks."""
     t, o, s, p, c, log = (recipe.training, recipe.optimizer, recipe.schedule, recipe.parallel,
                           recipe.checkpoint, recipe.logging)
     assert t.steps is not None  # made by Training.__post_init__
     spec = model_spec(recipe)
-    vocab = spec.model.vocab_size
+    objective = OBJECTIVES[recipe.objective]
     adamw = {"lr": o.lr, "betas": tuple(o.betas), "eps": o.eps}
     no_decay = "|".join(f"(?:{r})" for r in o.no_decay) or r"(?!)"
     init_path, init_hf = initial_load(recipe)
@@ -99,13 +104,8 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
         # torchtitan's default, ./tests/assets/tokenizer, exists only in its own source tree.
         hf_assets_path="",
         tokenizer=SentencePieceTokenizer.Config(path=recipe.data.tokenizer),
-        dataloader=MixtureDataLoader.Config(
-            sources=recipe.data.sources,
-            vocab_size=vocab,
-            seed=recipe.run.seed,
-            total_samples=t.samples,
-        ),
-        loss=CrossEntropyLoss.Config(global_vocab_size=vocab),
+        dataloader=objective.dataloader_of(recipe, spec.model),
+        loss=objective.config_of(recipe, spec.model),  # torchtitan's loss slot holds the run's objective
         optimizer=GuardedOptimizers.Config(
             param_groups=[
                 ParamGroupConfig(pattern=no_decay, optimizer_name="AdamW",
@@ -133,7 +133,7 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
             data_parallel_shard_degree=p.shard,
             # -1 (one replica per shard group) is the recipe's, not torchtitan's: resolved on this world
             data_parallel_replicate_degree=p.replicate if p.replicate != -1 else
-            dp_degrees(recipe, int(os.environ.get("WORLD_SIZE", 1)))[0],
+            dp_degrees(recipe, world)[0],
             fsdp_reshard_after_forward=p.reshard_after_forward,
             # torchtitan's CP, head-tail order; the masks are built before it slices the batch
             # (LaneformerTrainer.post_dataloading_process)
@@ -168,4 +168,4 @@ def trainer_config(recipe: Recipe) -> LaneformerTrainer.Config:
         reduce_grads=p.reduce_grads,
         compile_cache=compile_cache(recipe),
     )
-    return adapt_config(configure(recipe, config), fp32=p.cpu_fp32)
+    return adapt_config(config, fp32=p.cpu_fp32)

@@ -24,9 +24,9 @@ order, the same on every rank. A callback with state saves it with the checkpoin
 counts instead of starting them again.
 
 A point is handed the trainer as a typed view, as OLMo-core types the trainer its callbacks see:
-``TrainerView`` names everything a callback may read or call, ``PreferenceTrainerView`` adds a
-preference run's; a callback is a ``Callback[TrainerView]`` (or of the preference view), and mypy
-(``make test``) fails one that reaches past its view. Two rules are defined here once: a point that
+``TrainerView`` names everything a callback may read or call (the run's objective among it, whatever
+kind it is: train.objectives); a callback is a ``Callback[TrainerView]``, and mypy (``make test``) fails
+one that reaches past its view. Two rules are defined here once: a point that
 acts only at logging steps is marked ``at_logging_steps``, and host-side agreement between ranks
 goes over ``bookkeeping_group``.
 """
@@ -48,13 +48,28 @@ from torchtitan.config.configs import TrainingConfig
 from torchtitan.distributed import ParallelDims
 
 from data.loader import BatchLoaderSlot, SentencePieceTokenizer
-from data.pairs_loader import PairSet
 from health.heartbeat import Heartbeat
 from health.phases import Phase
-from train.preference.loss import PreferenceLoss
+from train.objectives import TrainerParts
 
 POINTS = ("pre_train", "pre_step", "pre_optim_step", "post_train_batch", "pre_checkpoint", "post_checkpoint_saved",
           "post_step", "post_train", "on_error")
+
+
+class ObjectiveView(Protocol):
+    """What a callback may use of the run's objective (train.objectives.base.Objective, which derives from
+    torchtitan's loss, so mypy reads it as Any: named here, what a callback reaches past is a type error)."""
+
+    @property
+    def name(self) -> str: ...  # its kind, as train.recipe.objective names it
+
+    @property
+    def evaluates(self) -> bool: ...  # whether it has a held-out evaluation of its own in this run
+
+    @property
+    def eval_name(self) -> str: ...
+
+    def evaluate(self, trainer: TrainerParts) -> dict[str, float]: ...
 
 
 class RunConfig(Protocol):
@@ -115,6 +130,9 @@ class TrainerView(Protocol):
     def callbacks(self) -> Callbacks: ...  # one callback reading another's state (the rollback, the guard's)
 
     @property
+    def objective(self) -> ObjectiveView: ...  # the run's loss (train.objectives): its own evaluation, its kind
+
+    @property
     def step_loss(self) -> torch.Tensor | None: ...  # the step's global loss, from pre_optim_step on
 
     @property
@@ -131,26 +149,7 @@ class TrainerView(Protocol):
         callbacks (``last_step``: torchtitan's forced save, a preemption's)."""
 
 
-@runtime_checkable
-class PreferenceTrainerView(TrainerView, Protocol):
-    """A preference run's trainer (``train.preference.trainer.PreferenceTrainer``): what a callback reads
-    beyond a pretraining one's (the eval, of its held-out pairs). Checkable at run time, so a callback of
-    both kinds of run narrows to it with ``isinstance``."""
-
-    @property
-    def preference_loss(self) -> PreferenceLoss: ...
-
-    @property
-    def held_out_pairs(self) -> PairSet | None: ...
-
-    @property
-    def reference(self) -> dict[str, torch.Tensor]: ...  # role ("train", "held_out") -> [pairs, 2] log-probs
-
-    @property
-    def local_pairs(self) -> int: ...  # pairs per micro batch on this rank
-
-
-# The view a callback is written against: TrainerView, or PreferenceTrainerView for one of preference runs only.
+# The view a callback is written against.
 View = TypeVar("View", bound=TrainerView, contravariant=True)
 Hook = TypeVar("Hook", bound=Callable[..., None])
 LOGGING_STEPS = "_at_logging_steps"

@@ -7,17 +7,16 @@ sources' masked labels are left out, as in the training loss), at the run's
 length and each ``[eval] val_seq_lens``, with the loss by position in the
 document at the longest (``[eval] position_buckets``, eval.position_loss);
 DCLM CORE on a bundle, lm-eval tasks, and a small EvalPlus
-subset (HumanEval+/MBPP+, e.g. during SFT). Then, in a preference run with held-out pairs
-(``[preference] held_out``), those pairs: ``eval/pref_loss`` and ``eval/pref_accuracy`` (the share of
-pairs whose chosen reward beats the rejected one), also before step 1 (logged as step 0, not on
-resume): the baseline the curves start from; for ``dpo`` and ``dpo_norm`` the policy is the reference
-then, so the loss is ln 2 and no pair is won (ties). The policy's log-probs are taken now with the
-run's own loss (``trainer.preference_loss``); the reference's are the init checkpoint's, computed
-before step 1 with the training pairs' (train.preference.reference), never the trained policy's
-(TRL #1148 took eval log-probs from the policy).
+subset (HumanEval+/MBPP+, e.g. during SFT). Then the objective's own evaluation where it has one
+(``trainer.objective.evaluates``; a preference run with ``[preference] held_out``: ``eval/pref_loss``
+and ``eval/pref_accuracy`` on the held-out pairs, train.objectives.preference), also before step 1
+(logged as step 0, not on resume): the baseline the curves start from; for ``dpo`` and ``dpo_norm``
+the policy is the reference then, so the loss is ln 2 and no pair is won (ties). The reference's
+log-probs are the init checkpoint's, computed before step 1 with the training pairs'
+(train.preference.reference), never the trained policy's (TRL #1148 took eval log-probs from the policy).
 
-One callback, so one rule for when an eval is due, one order (the model's evals, then the held-out
-pairs, each logged on its own) and one writer of ``<run>/evals/step-<N>.json``, with all of a step's
+One callback, so one rule for when an eval is due, one order (the model's evals, then the objective's,
+each logged on its own) and one writer of ``<run>/evals/step-<N>.json``, with all of a step's
 results and the model evals' wall time. A failing part is logged and written to that JSON; the others
 and training go on.
 """
@@ -31,7 +30,6 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
 import numpy as np
 import torch
@@ -44,11 +42,9 @@ import rundir
 from data.mixture import IGNORE_INDEX, Mixture, SourceSpec
 from eval.position_loss import bucket_edges, bucket_losses, bucket_sums, token_nats, validation_rows
 from eval.spec import EvalSpec
-from train.callbacks.callback import Callback, PreferenceTrainerView, TrainerView
+from train.callbacks.callback import Callback, TrainerView
 from health.phases import Phase
 from train.metric_names import VAL_BPB, VAL_LOSS, at_length, per_set
-from train.preference.metrics import EVAL_ACCURACY, EVAL_LOSS
-from train.preference.reference import pair_logps
 
 
 def token_bytes(sp) -> np.ndarray:
@@ -73,7 +69,6 @@ class Eval(Callback[TrainerView], Configurable):
         spec: EvalSpec = field(default_factory=EvalSpec)  # what to evaluate: the recipe's [eval]
         chat_template: str | None = None  # the run's (recipe [data] chat_template, resolved), for EvalPlus's chat
         val_sets: dict[str, str] = field(default_factory=dict)  # name -> held-out dir (train.recipe.validation_sets)
-        pairs: bool = False  # a preference run with [preference] held_out: its trainer's held-out pairs too
 
     def __init__(self, config: Config, trainer: TrainerView):
         self.config = config
@@ -83,8 +78,8 @@ class Eval(Callback[TrainerView], Configurable):
         self.parts.update({name: self._benchmark(spec) for name, spec in config.spec.benchmarks().items()})
 
     def pre_train(self, trainer: TrainerView) -> None:
-        if self.config.pairs and trainer.step == 0:  # not a resumed run: it has its baseline
-            results, errors = self.score(trainer, 0, {"held-out pairs": self.score_pairs})
+        if trainer.objective.evaluates and trainer.step == 0:  # not a resumed run: it has its baseline
+            results, errors = self.score(trainer, 0, self.objective_part(trainer))
             self.log(trainer, 0, results)
             self.write(trainer, 0, results, errors)
 
@@ -103,10 +98,10 @@ class Eval(Callback[TrainerView], Configurable):
             model.train()
             results["eval/wall_time_s"] = time.perf_counter() - start
             self.log(trainer, step, results)
-        if c.pairs:
-            pairs, failed = self.score(trainer, step, {"held-out pairs": self.score_pairs})
-            self.log(trainer, step, pairs)
-            results, errors = {**results, **pairs}, errors + failed
+        if trainer.objective.evaluates:
+            own, failed = self.score(trainer, step, self.objective_part(trainer))
+            self.log(trainer, step, own)
+            results, errors = {**results, **own}, errors + failed
         self.write(trainer, step, results, errors)
 
     @staticmethod
@@ -221,14 +216,7 @@ class Eval(Callback[TrainerView], Configurable):
         return run
 
     @staticmethod
-    def score_pairs(trainer: TrainerView) -> dict[str, float]:
-        """The preference loss and accuracy on the trainer's held-out pairs (train.preference.trainer),
-        with autograd on, as the reference pass (train.preference.reference.pair_logps says why)."""
-        trainer = cast(PreferenceTrainerView, trainer)  # pairs: set for a preference run only (train.preference.build)
-        assert trainer.held_out_pairs is not None, "pairs: set with [preference] held_out only (train.preference.build)"
-        objective = trainer.preference_loss
-        policy = torch.from_numpy(pair_logps(trainer.model_parts[0], trainer.held_out_pairs, trainer.local_pairs,
-                                             objective.average, trainer.device)).double()
-        ref = trainer.reference["held_out"].double().cpu().unbind(1) if objective.needs_reference else ()
-        losses, chosen, rejected = objective(policy[:, 0], policy[:, 1], *ref)
-        return {EVAL_LOSS: float(losses.mean()), EVAL_ACCURACY: float((chosen > rejected).double().mean())}
+    def objective_part(trainer: TrainerView) -> dict[str, Callable[[TrainerView], dict[str, float]]]:
+        """The objective's own evaluation as a part (train.objectives: a preference run's held-out pairs, with
+        autograd on, as its reference pass)."""
+        return {trainer.objective.eval_name: trainer.objective.evaluate}

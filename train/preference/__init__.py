@@ -1,12 +1,13 @@
 """Preference optimization after SFT (DPO, length-normalized DPO, SimPO): the run's ``[preference]``.
 
-- ``build``: the one place that asks whether a recipe trains on a preference loss: its preflight check
-  and its trainer config (``configure``, called once by train.build);
 - ``loss``: the objectives and per-sequence log-probs (log-softmax in fp32);
 - ``reference``: the reference log-probs of the ``init_from`` weights, computed once before step 1 by
   the policy itself (no second model), kept in the run dir under a key of what they depend on;
-- ``trainer``: the trainer whose loss is the preference loss, with its ``pref/*`` metrics;
+- ``metrics``: the names of a preference run's metrics;
 - ``plan``: what a preference run reads and costs, from the recipe alone (``--dry-run``).
+
+The run's loss itself, its batches' pair ids, its reference pass before step 1 and its ``pref/*``
+metrics are its objective's (train.objectives.preference); whether a run is one is ``Recipe.objective``.
 
 The pairs themselves are data: their format and the check of a pair source in data.pairs, their
 batches and torchtitan loader in data.pairs_loader.

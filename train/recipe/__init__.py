@@ -16,8 +16,14 @@ By job:
 - ``schema``: the tables, each checking its own values in ``__post_init__``, as torchtitan's configs do;
 - ``loading``: the file, the overrides, the key and type checks (``load``), and the TOML written back;
 - ``checks``: what holds across tables, paths made absolute (``resolve``, once per load), and what is
-  asked of a resolved recipe later (``check_world``, ``check_needs``).
+  asked of a resolved recipe later (``check_world``, ``check_needs``);
+- ``model``: the ``[model]`` table built into the flavor's ``ModelSpec`` and ``Laneformer.Config``
+  (``model_spec``, ``model_config``), the one place a recipe becomes a model config. It imports torch, so
+  it is imported on first use: loading a recipe stays torch-free.
 """
+
+import importlib
+from typing import TYPE_CHECKING
 
 from train.recipe.checks import check_needs, check_world, dp_degrees, in_data_root, validation_sets
 from train.recipe.loading import DATA_ROOT_ENV, RECIPES, check_keys, check_value, find, key_parts, load, to_toml
@@ -25,7 +31,18 @@ from train.recipe.schema import (REDUCE_GRADS, REPO, Checkpoint, Data, Eval, Lau
                                  Parallel, Preference, Recipe, RecipeError, Run, Schedule, TableError, Training,
                                  absolute)
 
+if TYPE_CHECKING:  # exported through __getattr__
+    from train.recipe.model import model_config, model_spec
+
 __all__ = ["DATA_ROOT_ENV", "RECIPES", "REDUCE_GRADS", "REPO", "Checkpoint", "Data", "Eval", "Launch", "Logging",
            "Model", "Optimizer", "Parallel", "Preference", "Recipe", "RecipeError", "Run", "Schedule", "TableError",
            "Training", "absolute", "check_keys", "check_needs", "check_value", "check_world", "dp_degrees", "find",
-           "in_data_root", "key_parts", "load", "to_toml", "validation_sets"]
+           "in_data_root", "key_parts", "load", "model_config", "model_spec", "to_toml", "validation_sets"]
+
+_LAZY = {"model_config": "model", "model_spec": "model"}  # torch's: imported on first use
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)

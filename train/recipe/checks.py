@@ -17,6 +17,7 @@ from pathlib import Path
 from data.chat import TEMPLATES, check_template, checkpoint_template, resolve_template
 from data.held_out import held_out_dir
 from data.mixture import MixtureError, check_distinct, needs
+from train.recipe.objective import PREFERENCE
 from train.recipe.schema import Recipe, RecipeError, TableError, absolute
 
 
@@ -92,12 +93,9 @@ def check_context_parallel(recipe: Recipe) -> None:
         raise RecipeError(f"{where} with in-loop evaluation ([eval] every, at_end): the evals do not cut their "
                           f"sequences over the CP ranks; set [eval] every = 0 and at_end = false and evaluate "
                           f"the checkpoints afterwards (python -m eval)")
-    if any(s.pairs for s in recipe.data.sources):  # pair sources: a preference run (train.preference)
-        raise RecipeError(f"{where} in a preference run (pair sources): its "
-                          f"forward and reference pass do not cut the pairs over the CP ranks")
-    if weighted := [s.name for s in recipe.data.sources if s.loss_weight != 1]:
-        raise RecipeError(f"{where} with a source's loss_weight ({', '.join(weighted)}): torchtitan's CP slicing "
-                          f"cuts the tokens, labels and positions over the CP ranks, not the loss weights")
+    if recipe.objective == PREFERENCE:
+        raise RecipeError(f"{where} in a preference run ([preference] loss): its loss and reference pass take "
+                          f"whole sequences (a pair's log-probs), which CP cuts over its ranks")
 
 
 def validation_sets(recipe: Recipe) -> dict[str, str]:
@@ -142,7 +140,7 @@ def check_needs(recipe: Recipe) -> list[str]:
     known before anything is downloaded or tokenized. Token sources are sized in tokens
     (``expected_tokens``), pair sources in pairs (``expected_pairs``, train.preference.plan)."""
     t, p = recipe.training, recipe.path
-    if any(s.pairs for s in recipe.data.sources):
+    if recipe.objective == PREFERENCE:
         from train.preference.plan import size_lines
 
         return size_lines(recipe)[1]

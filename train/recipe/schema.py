@@ -19,6 +19,7 @@ from data.held_out import held_out_problem
 from data.mixture import SourceSpec
 from eval.spec import EvalSpec
 from rundir import EXPORT_DIR, REPO, RUNS_DIR
+from train.recipe.objective import objective_of
 
 
 class RecipeError(ValueError):
@@ -396,6 +397,12 @@ class Recipe:
     def export_dir(self) -> Path:
         """Where the end-of-run Hugging Face export goes (default ``<run>/hf``, rundir.EXPORT_DIR)."""
         return absolute(self.checkpoint.export_dir or self.output_dir / EXPORT_DIR)
+
+    @property
+    def objective(self) -> str:
+        """The objective the run trains (train.recipe.objective: the one rule; train.objectives: its code)."""
+        return objective_of({"preference": {"loss": self.preference.loss},
+                             "data": {"sources": [{"loss_weight": s.loss_weight} for s in self.data.sources]}})
 
     @property
     def tokens_per_step(self) -> int:
