@@ -25,7 +25,7 @@ from health.heartbeat import Heartbeat, read_beats
 from health.phases import Phase, bucket
 
 TABLE_MARK = "<!-- one-step-table:"
-REFERENCE_PASS = "trainer: a preference run's reference pass"  # the table's row a pretraining run has not
+REFERENCE_PASS = "trainer: the objective's `prepare` (a preference run's reference pass)"  # the table's row a pretraining run has not
 
 
 def readme_table() -> list[tuple[str, str, str, str]]:
