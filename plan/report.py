@@ -64,6 +64,7 @@ def run_report(recipe: R.Recipe, *, gpus: int, mfu: float, peak_tflops: float) -
     return "\n".join([
         f"recipe: {recipe.path}",
         f"model: {recipe.model.flavor}, parameters: {nparams:,}",
+        f"objective: {recipe.objective} (train/objectives/{recipe.objective}.py)",
         f"tokens per step: {recipe.tokens_per_step:,} ({t.global_batch} x {t.seq_len})",
         f"steps: {t.steps:,}  total tokens: {t.total_tokens:,}",
         f"FLOPs per token: {flops:,} ({flops / 1e9:.2f} GFLOP)",

@@ -36,12 +36,15 @@ def resolutions(monkeypatch) -> list[str]:
     return seen
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny-dpo"])
-def test_train_py_resolves_its_recipe_once(name, resolutions, tmp_path):
+@pytest.mark.parametrize("name, objective", [("tiny", "cross_entropy"), ("tiny-dpo", "preference")])
+def test_train_py_resolves_its_recipe_once(name, objective, resolutions, tmp_path, capsys):
     """A dry run goes through everything a launch checks (preflight) and plans (the data, the model):
-    all of it reads the one resolved recipe (tiny-dpo's is refused at the end: no runs/tiny-sft here)."""
+    all of it reads the one resolved recipe (tiny-dpo's is refused at the end: no runs/tiny-sft here). It
+    says which objective the run trains, and the file that holds its loss."""
     train_entry.main(["--recipe", name, "--dry-run", "--set", f"run.output_dir={tmp_path / 'run'}"])
     assert resolutions == [str(R.find(name))]
+    assert f"objective: {objective} (train/objectives/{objective}.py)\n" in capsys.readouterr().out
+    assert (REPO / "train" / "objectives" / f"{objective}.py").is_file()
 
 
 def test_launch_local_resolves_its_recipe_once(resolutions, tmp_path, monkeypatch):
