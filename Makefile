@@ -29,11 +29,13 @@ train: setup
 # tests never share the two emulated nodes. Not loadgroup: it stops grouping on pytest 9.2
 # (pytest-dev/pytest-xdist#1386). Files go out in collection order, so the multi-process ones
 # (e2e, launch) do not all come last and leave one worker idle at the end.
-# First the type check of train/ and models/ ([tool.mypy] in pyproject.toml), then the tests.
+# First the type check of train/ and models/ ([tool.mypy] in pyproject.toml), then the tests; pytest ends with its
+# 25 slowest tests (setup and call apart), so a CI log says where the time went. The README's commands run as
+# five files of tests/readme/, one group each, so that both workers share them.
 test: setup
 	$(VENV)/bin/ruff check -q .
 	$(PY) -m mypy
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 clean:
 	rm -rf $(VENV)

@@ -33,6 +33,42 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
+# --- compiled kernels: one Inductor cache for the session's processes ---
+
+INDUCTOR_CACHE: dict[str, str] = {}  # {"TORCHINDUCTOR_CACHE_DIR": the session's}, set by pytest_configure
+
+
+def pytest_configure(config):
+    """The session's Inductor cache (FX graphs, AOTAutograd, kernels), which the pytest-xdist workers inherit from
+    this process and every process a test starts from env() below: the same graph compiled by two of them (the
+    CP ranks of tests/models/test_context_parallel.py and of bench.gpu_check's CPU check, tests/bench) is
+    compiled once. A fresh folder, removed at the end, so a session is not sped up or upset by what another
+    session or torch version left in Inductor's per-host default (/tmp/torchinductor_$USER), unless the
+    environment names one. train.py keeps its own, [run] compile_cache."""
+    if not hasattr(config, "workerinput") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        import tempfile
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = config.made_inductor_cache = tempfile.mkdtemp(
+            prefix="laneformer-test-inductor-")
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        INDUCTOR_CACHE["TORCHINDUCTOR_CACHE_DIR"] = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
+def pytest_unconfigure(config):
+    if made := getattr(config, "made_inductor_cache", None):
+        import shutil
+
+        shutil.rmtree(made, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def session_inductor_cache(monkeypatch):
+    """Each test starts with the session's cache: a trainer built in process (LaneformerTrainer) points
+    TORCHINDUCTOR_CACHE_DIR at its run's compile_cache, in a temp dir of that test's."""
+    for name, value in INDUCTOR_CACHE.items():
+        monkeypatch.setenv(name, value)
+
+
 # --- running train.py for real (tests/train, tests/e2e, tests/launch, tests/bench) ---
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -98,7 +134,7 @@ def poisoned_command(folder: Path, recipe: str, *sets: str, calls: set[int], ran
 
 
 def env() -> dict:
-    return {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+    return {**os.environ, **INDUCTOR_CACHE, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
 
 
 def train(recipe: str, *sets: str, nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:

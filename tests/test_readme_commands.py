@@ -7,16 +7,20 @@ column headed ``command``. ``COMMANDS`` holds one entry per README command:
 
 - ``Here``: how it runs on this machine: the same program and flags with the placeholders filled (the
   module's short run, made by ``make train``; the bundled tokenizer and sample data; a toy CORE bundle
-  and EvalPlus dataset), the exit status the README documents, a line it must print and a check of
-  what it writes;
-- ``Same``: the same program and flags as another README command, which runs here;
+  and EvalPlus dataset), the exit status the README documents, a line it must print, a check of
+  what it writes, and its group: each group of ``GROUPS`` runs in its own file,
+  tests/readme/test_readme_<group>.py, in README order, so that make test's two pytest-xdist workers
+  share them (``--dist loadfile`` keeps a file on one worker);
+- ``Same``: the same program and flags as another README command, which runs here, or the same work as
+  the test named, which does it (in process or as this command): not done twice;
 - ``Skip``: why it cannot run here: it needs a GPU, the Hub or another network, or SLURM; it is this
   suite's own setup; or it runs for minutes, and the test named runs it at toy size.
 
 The test fails when a command exits otherwise, prints a traceback, lacks its line or its files, and
 when the README and ``COMMANDS`` disagree: a README command without an entry (the message says what to
-add), an entry whose command left the README, a ``Same`` pointing at a command that does not run here,
-a ``Skip`` naming a test that does not exist.
+add), an entry whose command left the README, a ``Same`` pointing at a command that does not run here or
+at a test that does not exist or whose file does not name the command's module, recipe or mode, a
+``Skip`` naming a test that does not exist, a ``Here`` in no group, a group without its file.
 """
 
 from __future__ import annotations
@@ -31,8 +35,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
-
-import pytest
 
 from rundir import REPO
 from tests.conftest import TORCHRUN, env, losses
@@ -78,21 +80,40 @@ def readme_commands() -> list[str]:
 Check = Callable[[dict, str], None]  # (the placeholders, the output): asserts what the command wrote
 
 
+# The groups the commands that run here are run in, each by its own test file, tests/readme/test_readme_<group>.py:
+# make test's pytest-xdist workers take whole files (--dist loadfile), so the groups spread over them. Each group
+# runs in README order; a command that reads another's output is in its group. Roughly equal shares of the time
+# (seconds, each file alone on 2 cores beside another suite), so that no worker waits on one long file at the end.
+RUN, TRAIN, PLAN, DATA, EXPORT, LONG_CONTEXT = "run", "train", "plan", "data", "export", "long"
+GROUPS = {
+    RUN: "make train: the run the later commands read, made once per session by whichever group reads {run} first "
+         "(tests/readme/conftest.py; ~12 s)",
+    TRAIN: "train.py's flags, torchtitan's entry point, the report, gpu_check, SLURM's dry runs (~60 s)",
+    PLAN: "the planner on the 2B: phase 1's plot, long.toml at four lengths (~60 s)",
+    DATA: "data: tokenized, checked, split; preference data; the dtp sweep's dry run; the local launcher (~70 s)",
+    EXPORT: "Hugging Face export and import, CORE, EvalPlus, generation on one and two processes (~55 s)",
+    LONG_CONTEXT: "tiny-long from the run and its evals: loss by position, passkey, RULER (~50 s)",
+}
+
+
 @dataclass(frozen=True)
 class Here:
-    """How a README command runs on this machine: ``command`` with {run}, {tmp}, ... filled."""
+    """How a README command runs on this machine: ``command`` with {run}, {tmp}, ... filled, in ``group``."""
 
     command: str
     says: str  # a line the output must hold
     rc: int = 0  # the exit status the README documents here (2: bad input, e.g. the 2B's data is not here)
     check: Check | None = None
+    group: str = ""  # one of GROUPS
 
 
 @dataclass(frozen=True)
 class Same:
-    """The same program and flags as ``readme`` (another README command, which runs here)."""
+    """The same program and flags as ``readme`` (another README command, which runs here), or the same work as
+    ``test`` (tests/<path>::<name>, which runs it in process or as the command): not run here a second time."""
 
-    readme: str
+    readme: str = ""
+    test: str = ""
 
 
 GPU, NETWORK, SLURM, SUITE, LONG = ("needs GPUs", "needs the Hub or another network", "needs SLURM",
@@ -142,7 +163,7 @@ def refused_and_wrote_nothing(work: dict, out: str) -> None:
 
 def png_written(path: str) -> Check:
     def check(work: dict, out: str) -> None:
-        assert Path(path.format(**work)).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert Path(path.format_map(work)).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     return check
 
 
@@ -268,12 +289,6 @@ def titan_run(work: dict, out: str) -> None:
     assert sorted(losses(Path(work["tmp"]) / "titan")) == [1, 2]
 
 
-def made_the_bundled_long_data(work: dict, out: str) -> None:
-    from tests.data.test_passkey import assert_bundled
-
-    assert_bundled(Path(work["tmp"]) / "long-assets")
-
-
 def plan_rows_as_the_readme_quotes(work: dict, out: str) -> None:
     """Every row of the README's plan-at-length table is a row --plan printed (the README shows all its
     columns but accumulation, CP GB/step and MFU)."""
@@ -314,7 +329,8 @@ SWEEP = "tests/launch/test_sweep.py::test_the_comparison_holds_each_runs_own_met
 COMMANDS: dict[str, Here | Same | Skip] = {
     # Not the README's bare `make train`: its setup step is this suite's environment (`-o` keeps make from
     # reinstalling it), and TRAIN_ARGS shortens the run to 6 steps.
-    MAKE_TRAIN: Here(f"make -o .venv/.installed train TRAIN_ARGS='{SHORT_RUN}'", "final loss: ", check=made_the_run),
+    MAKE_TRAIN: Here(f"make -o .venv/.installed train TRAIN_ARGS='{SHORT_RUN}'", "final loss: ", check=made_the_run,
+                     group=RUN),
     "make test": Skip(SUITE, "this suite itself (CI runs it on a clean clone)"),
     "make setup": Skip(SUITE, "makes the environment this suite runs in (CI runs make test on a clean clone)"),
     # --- one command per job ---
@@ -323,29 +339,29 @@ COMMANDS: dict[str, Here | Same | Skip] = {
     "... --set optimizer.lr=2e-4 --set training.steps=1000 --set data.sources.code.weight=0.3":
         Here("python train.py --recipe tiny.toml --set optimizer.lr=2e-4 --set training.steps=1000 "
              "--set data.sources.code.weight=0.3 --print-config",
-             "steps = 1000", check=prints("lr = 0.0002", 'sample_data/code"\nweight = 0.3')),
+             "steps = 1000", check=prints("lr = 0.0002", 'sample_data/code"\nweight = 0.3'), group=TRAIN),
     "python train.py --recipe phase1.toml --print-config": Here("python train.py --recipe phase1.toml --print-config",
-                                                                'flavor = "2B"'),
+                                                                'flavor = "2B"', group=TRAIN),
     "python train.py --recipe phase1.toml --dry-run [--gpus 192 --mfu 0.4] [--run DIR]":
         Here("python train.py --recipe phase1.toml --dry-run --gpus 192 --mfu 0.28 --run {run}",
-             "expected wall time: 12.9 days on 192 GPUs at 28% MFU", rc=2),
+             "expected wall time: 12.9 days on 192 GPUs at 28% MFU", rc=2, group=TRAIN),
     "python train.py --recipe phase1.toml --plan [--gpus 192 --gpu h100|h200|a100|mi300x] [--sweep] [--ops]":
         Same(PLOT),
     "torchrun -m torchtitan.train --module train --config laneformer_tiny":
         Here("torchrun -m torchtitan.train --module train --config laneformer_tiny --training.steps 2 "
-             "--dump_folder {tmp}/titan --metrics.log_freq 1", "", check=titan_run),
+             "--dump_folder {tmp}/titan --metrics.log_freq 1", "", check=titan_run, group=TRAIN),
     "torchrun ... train.py --recipe phase2.toml": Skip(GPU, "the 2B on GPUs from phase 1's checkpoint; tiny-phase2 "
         "from a tiny checkpoint runs in the test named", "tests/train/test_train.py::test_phase2_starts_from_phase1_weights"),
     "python -m report runs/NAME [runs/OTHER ...] [--out DIR] [--plan-gpu h100 --gpus 192]":
-        Here("python -m report {run} --out {tmp}/report", "report.html", check=report_has_the_run),
+        Here("python -m report {run} --out {tmp}/report", "report.html", check=report_has_the_run, group=TRAIN),
     PLOT: Here("python train.py --recipe phase1.toml --plan --gpus 192 --plot {tmp}/plan.png",
-               "peak memory per GPU: 58.76 GiB of 79.6 GiB (fits)", check=png_written("{tmp}/plan.png")),
+               "peak memory per GPU: 58.76 GiB of 79.6 GiB (fits)", check=png_written("{tmp}/plan.png"), group=PLAN),
     "python -m models.laneformer.inspect --flavor 2B": Here("python -m models.laneformer.inspect --flavor 2B",
-                                                           "2,320,069,632"),
+                                                           "2,320,069,632", group=DATA),
     "python -m data.tokenize --input <hub id, dir or glob> --text-key text --tokenizer tokenizer.model --out DIR "
     "[--slurm ...]": Here("python -m data.tokenize --input {tmp}/corpus.jsonl --text-key text "
                           "--tokenizer assets/tokenizer/tokenizer.model --out {tmp}/tok", "2 documents",
-                          check=tokenized_the_corpus),
+                          check=tokenized_the_corpus, group=DATA),
     "python -m data.tokenizer fetch [--repo ID]": Skip(NETWORK, "downloads from the Hub; a local fake hub in the test "
         "named", "tests/train/test_data_commands.py::test_tokenizer_fetch_puts_in_place_only_the_expected_file"),
     "python -m train.data download --recipe phase1 --source web-high [--slurm --partition P]": Skip(NETWORK,
@@ -357,52 +373,57 @@ COMMANDS: dict[str, Here | Same | Skip] = {
     "python -m data.tokenize --input FILE --chat-key messages --tokenizer T --out DIR":
         Here("python -m data.tokenize --input assets/chat/conversations.jsonl --chat-key messages "
              "--tokenizer assets/tokenizer/tokenizer.model --out {tmp}/chat", "conversations refused",
-             check=tokenized_the_conversations),
-    "python -m train.data verify --recipe phase1": Here("python -m train.data verify --recipe tiny", "ok "),
+             check=tokenized_the_conversations, group=DATA),
+    "python -m train.data verify --recipe phase1": Here("python -m train.data verify --recipe tiny", "ok ",
+                                                        group=DATA),
     "python -m train.data held-out --recipe phase1 [--source web-high]":  # split already: unchanged
-        Here("python -m train.data held-out --recipe tiny", "held out (held_out 0.1)", check=assets_unchanged),
+        Here("python -m train.data held-out --recipe tiny", "held out (held_out 0.1)", check=assets_unchanged,
+             group=DATA),
     "python -m data.held_out DIR --held-out 0.0001":
         Here("python -m data.held_out assets/sample_data/code --held-out 0.1", "held out (held_out 0.1)",
-             check=assets_unchanged),
-    "python -m data.verify DIR...": Here("python -m data.verify assets/sample_data/prose assets/sample_data/code", "ok "),
+             check=assets_unchanged, group=DATA),
+    "python -m data.verify DIR...": Here("python -m data.verify assets/sample_data/prose assets/sample_data/code",
+                                         "ok ", group=DATA),
     "python -m data.decontaminate report DIR... --benchmarks humaneval,mbpp[,core] --evalplus-data DIR "
     "[--core-bundle DIR]": Here("python -m data.decontaminate report assets/sample_data/prose --benchmarks core "
-                                "--core-bundle {bundle}", "core: 0 overlapping", check=assets_unchanged),
+                                "--core-bundle {bundle}", "core: 0 overlapping", check=assets_unchanged, group=DATA),
     "python -m data.tokenize --input DIR --tokenizer T --out OUT --decontaminate humaneval,mbpp[,core] "
     "--evalplus-data DIR [--core-bundle DIR]":
         Here("python -m data.tokenize --input {tmp}/corpus.jsonl --tokenizer assets/tokenizer/tokenizer.model "
              "--out {tmp}/decont --decontaminate humaneval,mbpp --evalplus-data {evalplus}",
-             "dropped as benchmark overlap", check=decontaminated_nothing_clean),
+             "dropped as benchmark overlap", check=decontaminated_nothing_clean, group=DATA),
     "python -m train.data tokenize --recipe phase2 --source code --evalplus-data DIR": Skip(NETWORK,
         "reads phase 2's code source from the Hub or its download; a bundled source in the test named",
         "tests/data/test_decontaminate.py::test_a_recipe_source_with_decontaminate_is_tokenized_with_it"),
     "python -m data.decontaminate report OUT... --benchmarks humaneval,mbpp --evalplus-data DIR":
         Same("python -m data.decontaminate report DIR... --benchmarks humaneval,mbpp[,core] --evalplus-data DIR "
              "[--core-bundle DIR]"),
-    HF: Here("python -m models.laneformer.convert to-hf {run} {tmp}/hf", "", check=exported_the_checkpoint),
+    HF: Here("python -m models.laneformer.convert to-hf {run} {tmp}/hf", "", check=exported_the_checkpoint,
+             group=EXPORT),
     "python -m models.laneformer.convert from-hf HF_DIR OUT": Here("python -m models.laneformer.convert from-hf "
                                                                    "{tmp}/hf {tmp}/imported", "",
-                                                                   check=imported_the_export),
+                                                                   check=imported_the_export, group=EXPORT),
     "python -m models.laneformer.push OUT --repo-id ORG/NAME [--dry-run]":
-        Here("python -m models.laneformer.push {tmp}/hf --repo-id org/laneformer-tiny --dry-run", "config.json"),
+        Here("python -m models.laneformer.push {tmp}/hf --repo-id org/laneformer-tiny --dry-run", "config.json",
+             group=EXPORT),
     CORE: Here("python -m eval.run --checkpoint {run} --core {bundle} --core-tasks copa,winograd --max-per-task 2",
-               "partial CORE"),
+               "partial CORE", group=EXPORT),
     "python -m eval.core_data fetch DIR": Skip(NETWORK, "downloads nanochat's eval_bundle.zip; the test named "
                                                         "converts a local copy", "tests/eval/test_core_data.py"),
     EVALPLUS: Here("python -m eval.run --checkpoint {tmp}/hf --evalplus humaneval,mbpp --evalplus-data {evalplus} "
                    "--chat --limit 1 --max-new-tokens 8", "mbpp+/pass@1",
-                   check=prints("humaneval/pass@1", "humaneval+/pass@1", "mbpp/pass@1")),
+                   check=prints("humaneval/pass@1", "humaneval+/pass@1", "mbpp/pass@1"), group=EXPORT),
     "python -m eval.run --checkpoint IMPORTED --evalplus humaneval,mbpp --evalplus-data EVALPLUS_DIR --chat "
     "--samples 16 --temperature T [--top-p 0.95] [--seed 0] [--evalplus-out DIR]":
         Here("python -m eval.run --checkpoint {tmp}/hf --evalplus humaneval,mbpp --evalplus-data {evalplus} --chat "
              "--limit 1 --max-new-tokens 8 --samples 2 --temperature 0.8 --seed 0 --evalplus-out {tmp}/samples",
-             "mbpp+/pass@2", check=sampled_and_wrote_evalplus_files),
+             "mbpp+/pass@2", check=sampled_and_wrote_evalplus_files, group=EXPORT),
     ONE_PROCESS: Here("python -m models.laneformer.generate --checkpoint {tmp}/hf --prompt 'def add(a, b):' "
-                      "--max-new-tokens 4 --no-tp-baseline", "ids: ", check=remember_ids),
+                      "--max-new-tokens 4 --no-tp-baseline", "ids: ", check=remember_ids, group=EXPORT),
     "torchrun --nproc-per-node 8 -m models.laneformer.generate --checkpoint HF_DIR --prompt TEXT --max-new-tokens N "
     "--lane-parallel": Here("torchrun --nproc-per-node 2 -m models.laneformer.generate --checkpoint {tmp}/hf "
                             "--prompt 'def add(a, b):' --max-new-tokens 4 --lane-parallel --no-tp-baseline", "ids: ",
-                            check=same_ids_as_one_process),
+                            check=same_ids_as_one_process, group=EXPORT),
     "python -m launch.sweep recipes/sweeps/dtp.toml [--dry-run --gpus 8 --gpu h100] [--parallel K | --slurm "
     "--partition P ...]": Same(DTP_DRY),
     "python -m report runs/sweeps/dtp": Skip(GPU, "compares the dtp study's 24 runs on 8 H100s; the test named "
@@ -410,9 +431,9 @@ COMMANDS: dict[str, Here | Same | Skip] = {
     "python -m launch.local --recipe tiny.toml --nproc 2 [--set ...]":
         Here("python -m launch.local --recipe tiny.toml --nproc 2 --set run.output_dir={tmp}/local "
              "--set training.steps=2 --set schedule.warmup_steps=1 --set logging.report=false --set eval.every=0 "
-             "--set eval.at_end=false", "", check=launched_and_done),
+             "--set eval.at_end=false", "", check=launched_and_done, group=DATA),
     "python -m bench.gpu_check": Here("python -m bench.gpu_check --out {tmp}/gpu_check.json",
-                                      "no CUDA GPU found, so nothing was checked", rc=1),
+                                      "no CUDA GPU found, so nothing was checked", rc=1, group=TRAIN),
     # --- benchmarks ---
     "python -m bench.lanes_vs_dense --flavors 100M --modes compiled --steps 15": Skip(LONG, "a benchmark", BENCH),
     "python -m bench.compile": Skip(LONG, "a benchmark", BENCH),
@@ -428,7 +449,7 @@ COMMANDS: dict[str, Here | Same | Skip] = {
         Same(EVALPLUS),
     # --- post-training: preference optimization ---
     "python -m data.make_sample_pairs": Here("python -m data.make_sample_pairs --out {tmp}/preference",
-                                             "1026 pairs, 64,529 tokens", check=made_the_bundled_pairs),
+                                             "1026 pairs, 64,529 tokens", check=made_the_bundled_pairs, group=DATA),
     "python train.py --recipe tiny-dpo": Skip(LONG, "the reference pass over 1,140 pairs and 60 steps (~20 minutes "
         "here); the test named runs a preference run at toy size",
         "tests/e2e/test_preference.py::test_one_rank_ln2_held_out_cache_kill_and_resume_beta"),
@@ -439,9 +460,9 @@ COMMANDS: dict[str, Here | Same | Skip] = {
     "python -m report runs/sweeps/tiny-dpo": Here("python -m report {dpo_sweep}",
                                                         "held-out preference accuracy at 20,480 tokens "
                                                         "(eval/pref_accuracy, higher is better;",
-                                                        check=compared_on_preference_accuracy),
+                                                        check=compared_on_preference_accuracy, group=DATA),
     "python train.py --recipe dpo --dry-run": Here("python train.py --recipe dpo --dry-run",
-                                                   "reference pass: one forward over 271,409 pairs", rc=2),
+                                                   "reference pass: one forward over 271,409 pairs", rc=2, group=DATA),
     "python -m train.data download --recipe dpo --source tulu3-preference":
         Same("python -m train.data download --recipe phase1 --source web-high [--slurm --partition P]"),
     "python -m train.data tokenize --recipe dpo --source tulu3-preference":
@@ -455,16 +476,16 @@ COMMANDS: dict[str, Here | Same | Skip] = {
                                                               "its 4-step sweep", SWEEP),
     DTP_DRY: Here("python -m launch.sweep recipes/sweeps/dtp.toml --dry-run --gpus 8 --gpu h100 --root {tmp}/dtp",
                   "sweep total: 24 runs, 46.4 GPU-hours at the roofline (5.8 h on 8 x H100", rc=2,
-                  check=refused_and_wrote_nothing),
+                  check=refused_and_wrote_nothing, group=DATA),
     "python -m launch.sweep recipes/sweeps/dtp.toml --slurm --partition gpu --nodes 1 --gpus-per-node 8 "
     "--time 12:00:00": Skip(SLURM, "submits a job per run", "tests/launch/test_sweep.py"),
     # --- from zero to a phase-1 run ---
     "python -m data.tokenizer fetch": Same("python -m data.tokenizer fetch [--repo ID]"),
     "export LANEFORMER_DATA_ROOT=/lustre/you/laneformer":
         Here("bash -c 'export LANEFORMER_DATA_ROOT={tmp}/lustre && python train.py --recipe phase1 --dry-run'",
-             "{tmp}/lustre/tokenized/nemotron-cc-v2/high-quality not found", rc=2),
+             "{tmp}/lustre/tokenized/nemotron-cc-v2/high-quality not found", rc=2, group=TRAIN),
     "python train.py --recipe phase1 --dry-run": Here("python train.py --recipe phase1 --dry-run",
-                                                      "needs >= ", rc=2),
+                                                      "needs >= ", rc=2, group=TRAIN),
     "python -m train.data download --recipe phase1 --source web-high [--slurm --partition cpu]":
         Same("python -m train.data download --recipe phase1 --source web-high [--slurm --partition P]"),
     "python -m train.data tokenize --recipe phase1 --source web-high --tasks 512 --slurm --partition cpu "
@@ -476,13 +497,14 @@ COMMANDS: dict[str, Here | Same | Skip] = {
     "--time 48:00:00 --nccl-socket-ifname ib0 --dry-run":
         Here("python -m launch.slurm submit --recipe phase1 --nodes 24 --gpus-per-node 8 --partition gpu "
              "--account ACCOUNT --time 48:00:00 --nccl-socket-ifname ib0 --dry-run --no-plan", "#SBATCH --nodes=24",
-             rc=2),
+             rc=2, group=TRAIN),
     "python -m launch.slurm status runs/laneformer-2b-phase1": Here("python -m launch.slurm status {run}",
-                                                                   "latest checkpoint: step 6 of 6"),
+                                                                   "latest checkpoint: step 6 of 6", group=TRAIN),
     "python -m launch.slurm logs runs/laneformer-2b-phase1 -f": Skip(SLURM, "follows a SLURM job's logs; the test "
         "named reads them on the emulated cluster", "tests/launch/test_launch_slurm.py"),
     "tensorboard --logdir runs/laneformer-2b-phase1": Here("tensorboard --logdir {run} --inspect --tag "
-                                                           "loss_metrics/global_avg_loss", "loss_metrics/global_avg_loss"),
+                                                           "loss_metrics/global_avg_loss",
+                                                           "loss_metrics/global_avg_loss", group=TRAIN),
     "python -m launch.slurm submit --recipe phase2 --nodes 24 --gpus-per-node 8 ...": Skip(SLURM, "a SLURM "
         "submission; the test named submits on the emulated cluster", "tests/launch/test_launch_slurm.py"),
     "python -m models.laneformer.convert to-hf runs/laneformer-2b-phase2 exports/laneformer-2b": Same(HF),
@@ -491,45 +513,68 @@ COMMANDS: dict[str, Here | Same | Skip] = {
     "python -m models.laneformer.push exports/laneformer-2b --repo-id ORG/laneformer-2b": Skip(NETWORK, "uploads to "
         "the Hub (its --dry-run runs above)", "tests/models/test_push.py"),
     # --- long context ---
-    "python train.py --recipe long --dry-run": Here("python train.py --recipe long --dry-run",
-                                                    "context parallelism at the recipe's 16,384 tokens", rc=2,
-                                                    check=prints("not needed on H100 80GB or H200 141GB")),
+    # The long recipe's verdict at its own 16k (plan.dry_run, with the recipe's 192 GPUs and the default MFU and
+    # peak): the test named prints it and checks both lines; the exit 2 (no data here) is phase 1's dry run's.
+    "python train.py --recipe long --dry-run": Same(test="tests/train/test_plan_length.py::"
+                                                         "test_the_dry_run_of_long_toml_says_no_cp_is_needed_at_16k"),
     "python train.py --recipe long --plan --gpus 192": Here("python train.py --recipe long --plan --gpus 192",
                                                             "65,536 tokens: CP 4 on H100 80GB, CP 2 on H200 141GB",
-                                                            check=plan_rows_as_the_readme_quotes),
+                                                            check=plan_rows_as_the_readme_quotes, group=PLAN),
     "torchrun --nproc-per-node 8 train.py --recipe long": Skip(GPU, "the 2B's long phase on GPUs from phase 2's "
                                                                     "checkpoint; tiny-long runs here below"),
-    "python -m data.make_passkey": Here("python -m data.make_passkey --out {tmp}/long-assets",
-                                        "passkey: 2000 documents, 583,343 tokens", check=made_the_bundled_long_data),
+    # data.make_passkey's main is build(--out) and a line per manifest: the test named builds and compares every
+    # file, manifests included, with the bundled assets/passkey and assets/long.
+    "python -m data.make_passkey": Same(test="tests/data/test_passkey.py::"
+                                             "test_bundled_assets_are_what_the_script_makes"),
     "python train.py --recipe tiny-long": Here("python train.py --recipe tiny-long --set checkpoint.init_from={run} "
                                                "--set run.output_dir={tmp}/tiny-long --set training.steps=2 "
                                                "--set training.global_batch=2 --set training.micro_batch=2 "
                                                "--set schedule.warmup_steps=1 --set checkpoint.interval=2 "
                                                "--set eval.val_samples=2 --set logging.report=false",
-                                               "final loss: ", check=long_run_scored_by_position),
+                                               "final loss: ", check=long_run_scored_by_position, group=LONG_CONTEXT),
     "python -m eval.run --checkpoint runs/tiny-long --loss-by-position 8 --held-out long=assets/long --seq-len 512 "
     "--val-samples 67": Here("python -m eval.run --checkpoint {tmp}/tiny-long --loss-by-position 8 "
-                             "--held-out long=assets/long --seq-len 512 --val-samples 2", "eval/val_loss_pos/448-512"),
+                             "--held-out long=assets/long --seq-len 512 --val-samples 2", "eval/val_loss_pos/448-512",
+                             group=LONG_CONTEXT),
     "python -m eval.run --checkpoint runs/tiny --set max_seq_len=512 --loss-by-position 8 --held-out long=assets/long "
     "--seq-len 512 --val-samples 67": Here("python -m eval.run --checkpoint {run} --set max_seq_len=512 "
                                            "--loss-by-position 8 --held-out long=assets/long --seq-len 512 "
-                                           "--val-samples 2", "eval/val_loss_pos/448-512"),
+                                           "--val-samples 2", "eval/val_loss_pos/448-512", group=LONG_CONTEXT),
     "python -m eval.passkey runs/tiny-long": Here("python -m eval.passkey {tmp}/tiny-long --limit 2", "length 512",
-                                                  check=prints("accuracy ")),
+                                                  check=prints("accuracy "), group=LONG_CONTEXT),
     "python -m eval.passkey runs/tiny --set max_seq_len=512": Here("python -m eval.passkey {run} --set max_seq_len=512 "
-                                                                   "--limit 2", "length 512"),
+                                                                   "--limit 2", "length 512", group=LONG_CONTEXT),
     "python -m eval.passkey runs/tiny-long --length 2048 --set max_seq_len=2048":
         Here("python -m eval.passkey {tmp}/tiny-long --length 2048 --set max_seq_len=2048 --limit 2",
-             "on 2 documents made for --length 2048", check=prints("length 2048")),
+             "on 2 documents made for --length 2048", check=prints("length 2048"), group=LONG_CONTEXT),
     "python -m eval.run --checkpoint runs/tiny-long --lm-eval niah_single_1 --limit 20":
         Here("python -m eval.run --checkpoint {tmp}/tiny-long --lm-eval niah_single_1 --limit 1",
-             "lm_eval/niah_single_1/512"),
+             "lm_eval/niah_single_1/512", group=LONG_CONTEXT),
 }
 
 TODO = ('add to COMMANDS in tests/test_readme_commands.py: "{c}": Here("<the command with placeholders filled: '
         '{{run}}, {{tmp}}, {{bundle}}, {{evalplus}}>", "<a line it prints>", rc=<documented exit status>, '
-        'check=<a function asserting what it writes>), or Same("<another README command it repeats>"), or '
+        'check=<a function asserting what it writes>, group=<one of GROUPS>), or Same("<another README command it '
+        'repeats>"), or Same(test="tests/<file>::<test that does the same work>"), or '
         'Skip(GPU|NETWORK|SLURM|SUITE|LONG, "<why>", "tests/<file>::<test that runs it>")')
+
+
+def named_test(test: str) -> Path:
+    """The file of ``tests/<path>[::name]``, once it holds the test function ``name``."""
+    path, _, name = test.partition("::")
+    file = REPO / path
+    assert file.is_file(), test
+    assert not name or re.search(rf"^def {name}\(", file.read_text(), re.M), test
+    return file
+
+
+def what_it_runs(readme: str) -> list[str]:
+    """What the file of a test doing a README command's work names: the command's module (``python -m
+    data.make_passkey``: make_passkey), its recipe (``--recipe long``: long.toml), its mode (--dry-run: dry_run)."""
+    words = readme.split()
+    names = [words[words.index("-m") + 1].rsplit(".", 1)[-1]] if "-m" in words else []
+    names += [words[words.index("--recipe") + 1].removesuffix(".toml") + ".toml"] if "--recipe" in words else []
+    return names + [flag[2:].replace("-", "_") for flag in ("--dry-run", "--plan") if flag in words]
 
 
 def test_every_readme_command_has_an_entry_and_every_entry_a_readme_command():
@@ -541,7 +586,11 @@ def test_every_readme_command_has_an_entry_and_every_entry_a_readme_command():
 
 def test_a_same_entry_points_at_a_command_that_runs_and_a_skip_is_reasoned():
     for readme, entry in COMMANDS.items():
-        if isinstance(entry, Same):
+        if isinstance(entry, Same) and entry.test:
+            assert not entry.readme and "::" in entry.test, f"{readme}: Same names one test, or a README command"
+            names, text = what_it_runs(readme), named_test(entry.test).read_text()
+            assert names and [n for n in names if n not in text] == [], f"{readme}: {entry.test} does not run {names}"
+        elif isinstance(entry, Same):
             assert isinstance(COMMANDS.get(entry.readme), (Here, Skip)) and entry.readme != readme, readme
             target = COMMANDS[entry.readme]
             assert not isinstance(target, Same), f"{readme}: points at another Same"
@@ -550,69 +599,99 @@ def test_a_same_entry_points_at_a_command_that_runs_and_a_skip_is_reasoned():
             assert entry.kind in (GPU, NETWORK, SLURM, SUITE, LONG) and len(entry.why) > 10, readme
             assert entry.test or entry.kind in (GPU, SUITE), f"{readme}: say which test runs it at toy size"
             if entry.test:
-                path, _, name = entry.test.partition("::")
-                file = REPO / path
-                assert file.is_file(), entry.test
-                assert not name or re.search(rf"^def {name}\(", file.read_text(), re.M), entry.test
+                named_test(entry.test)
     # what does not run here, by kind: a change to this list is a change to what the README test checks
     skipped = {}
     for readme, entry in COMMANDS.items():
         if isinstance(entry, Skip):
             skipped.setdefault(entry.kind, []).append(readme.split(" [")[0][:40])
     assert {k: len(v) for k, v in skipped.items()} == {SUITE: 2, GPU: 5, NETWORK: 6, LONG: 10, SLURM: 3}, skipped
+    # and what another test does instead, the same work, checked there
+    assert [r for r, e in COMMANDS.items() if isinstance(e, Same) and e.test] == [
+        "python train.py --recipe long --dry-run", "python -m data.make_passkey"]
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory) -> dict[str, str]:
-    """The placeholders: a run dir (made by the first command, make train), a corpus, a toy CORE bundle,
-    a toy EvalPlus dataset and the tiny-dpo sweep's dir with its runs' metrics (not trained)."""
+def test_every_command_that_runs_here_is_in_a_group_and_every_group_has_its_test_file():
+    for readme, entry in COMMANDS.items():
+        assert not isinstance(entry, Here) or entry.group in GROUPS, f"{readme}: group= one of {sorted(GROUPS)}"
+    assert [r for r, e in COMMANDS.items() if isinstance(e, Here) and e.group == RUN] == [MAKE_TRAIN]
+    for group in GROUPS.keys() - {RUN}:
+        assert any(isinstance(e, Here) and e.group == group for e in COMMANDS.values()), f"{group}: an empty group"
+        file = REPO / "tests" / "readme" / f"test_readme_{group}.py"
+        assert file.is_file() and f'run_group("{group}", ' in file.read_text(), f"{file} runs the group {group}"
+    assert sorted(p.name for p in (REPO / "tests" / "readme").glob("test_*.py")) == sorted(
+        f"test_readme_{g}.py" for g in GROUPS.keys() - {RUN})
+
+
+class Work(dict):
+    """The placeholders of a group's commands, each made the first time a command or a check reads it: {tmp},
+    the group's own folder (with the corpus); {run}, the run make train makes (once for all the groups:
+    tests/readme/conftest.py); a toy CORE bundle, {bundle}; a toy EvalPlus dataset, {evalplus}; and the tiny-dpo
+    sweep's dir with its runs' metrics (not trained), {dpo_sweep}."""
+
+    def __init__(self, tmp: Path, run: Callable[[], str]):
+        super().__init__(tmp=str(tmp))
+        (tmp / "corpus.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in CORPUS))
+        self.makers = {"run": run, "bundle": lambda: toy_core_bundle(tmp / "core"), "evalplus": lambda: toy_evalplus(
+            tmp / "evalplus"), "dpo_sweep": lambda: fake_preference_sweep(tmp / "tiny-dpo", DPO_ACCURACY)}
+
+    def __missing__(self, key: str) -> str:
+        if key not in self.makers:
+            raise KeyError(key)
+        value = self[key] = str(self.makers[key]())
+        return value
+
+
+def toy_core_bundle(folder: Path) -> Path:
     from tests.eval.conftest import write_toy_core_bundle
+
+    return write_toy_core_bundle(folder)
+
+
+def toy_evalplus(folder: Path) -> Path:
     from tests.eval.evalplus_cases import HUMANEVAL, MBPP, write_release
 
-    tmp = tmp_path_factory.mktemp("readme")
-    (tmp / "corpus.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in CORPUS))
-    evalplus = tmp / "evalplus"
-    evalplus.mkdir()
-    write_release(evalplus / "HumanEvalPlus.jsonl", HUMANEVAL)
-    write_release(evalplus / "MbppPlus.jsonl", MBPP)
-    return {"tmp": str(tmp), "run": str(tmp / "main"), "bundle": str(write_toy_core_bundle(tmp / "core")),
-            "evalplus": str(evalplus), "dpo_sweep": str(fake_preference_sweep(tmp / "tiny-dpo", DPO_ACCURACY))}
+    folder.mkdir()
+    write_release(folder / "HumanEvalPlus.jsonl", HUMANEVAL)
+    write_release(folder / "MbppPlus.jsonl", MBPP)
+    return folder
 
 
-def run_here(line: str, work: dict) -> subprocess.CompletedProcess:
+def run_here(line: str) -> subprocess.CompletedProcess:
     """As a user with the venv activated runs it: its programs (python, torchrun, tensorboard) first on PATH."""
-    argv = shlex.split(line.format(**work))
+    argv = shlex.split(line)
     program = {"python": sys.executable, "torchrun": TORCHRUN}.get(argv[0], argv[0])
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     return subprocess.run([program, *argv[1:]], cwd=REPO, env={**env(), "PATH": path}, capture_output=True,
                           text=True, timeout=600)
 
 
-@pytest.mark.slow
-def test_every_readme_command_runs_here_as_documented(work):
-    """In README order (make train first: the later ones read its run), each checked for its exit status,
-    its line and what it writes."""
-    failures = []
-    for readme in readme_commands():
-        here = COMMANDS.get(readme)
-        if not isinstance(here, Here):
-            continue
-        start = time.monotonic()
-        result = run_here(here.command, work)
-        print(f"{time.monotonic() - start:6.1f} s  {here.command.format(**work)}")  # pytest -s: what each costs
-        out = result.stdout + result.stderr
-        problem = None
-        if result.returncode != here.rc or "Traceback (most recent call last)" in out:
-            problem = f"exit {result.returncode} (documented {here.rc})"
-        elif here.says.format(**work) not in out:
-            problem = f"expected {here.says.format(**work)!r} in its output"
-        elif here.check:
-            try:
-                here.check(work, out)
-            except Exception as e:  # noqa: BLE001 - every failure of every command, reported at once
-                problem = f"what it wrote: {type(e).__name__}: {e}"
-        if problem:
-            failures.append(f"{readme}\n  ran: {here.command.format(**work)}\n  {problem}\n{out[-1500:]}")
+def run_checked(here: Here, work: dict) -> str | None:
+    """Runs ``here``; what is wrong (its exit status, a traceback, its line missing, what it wrote), or None."""
+    line = here.command.format_map(work)  # first: {run} may be made for it
+    start = time.monotonic()
+    result = run_here(line)
+    print(f"{time.monotonic() - start:6.1f} s  {line}")  # pytest -s: what each costs
+    out = result.stdout + result.stderr
+    problem = None
+    if result.returncode != here.rc or "Traceback (most recent call last)" in out:
+        problem = f"exit {result.returncode} (documented {here.rc})"
+    elif here.says.format_map(work) not in out:
+        problem = f"expected {here.says.format_map(work)!r} in its output"
+    elif here.check:
+        try:
+            here.check(work, out)
+        except Exception as e:  # noqa: BLE001 - every failure of every command, reported at once
+            problem = f"what it wrote: {type(e).__name__}: {e}"
+    return problem and f"ran: {line}\n  {problem}\n{out[-3000:]}"
+
+
+def run_group(group: str, work: Work) -> None:
+    """The group's commands in README order (a command that reads another's output comes after it), each checked
+    for its exit status, its line and what it writes; every failure reported at once."""
+    failures = [f"{readme}\n  {problem}" for readme in readme_commands()
+                if isinstance(here := COMMANDS.get(readme), Here) and here.group == group
+                and (problem := run_checked(here, work))]
     assert not failures, "\n\n".join(failures)
 
 

