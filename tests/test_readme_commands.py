@@ -400,6 +400,9 @@ COMMANDS: dict[str, Here | Same | Skip] = {
              "[--core-bundle DIR]"),
     HF: Here("python -m models.laneformer.convert to-hf {run} {tmp}/hf", "", check=exported_the_checkpoint,
              group=EXPORT),
+    # merge: the test named averages a run dir and an export (1,0 and 0.25,0.75) as this command does
+    "python -m models.laneformer.merge OUT CKPT CKPT... [--weights W,W,...]": Same(
+        test="tests/models/test_merge.py::test_weights_pick_one_exactly_or_interpolate_across_a_run_dir_and_an_export"),
     "python -m models.laneformer.convert from-hf HF_DIR OUT": Here("python -m models.laneformer.convert from-hf "
                                                                    "{tmp}/hf {tmp}/imported", "",
                                                                    check=imported_the_export, group=EXPORT),
@@ -608,6 +611,7 @@ def test_a_same_entry_points_at_a_command_that_runs_and_a_skip_is_reasoned():
     assert {k: len(v) for k, v in skipped.items()} == {SUITE: 2, GPU: 5, NETWORK: 6, LONG: 10, SLURM: 3}, skipped
     # and what another test does instead, the same work, checked there
     assert [r for r, e in COMMANDS.items() if isinstance(e, Same) and e.test] == [
+        "python -m models.laneformer.merge OUT CKPT CKPT... [--weights W,W,...]",
         "python train.py --recipe long --dry-run", "python -m data.make_passkey"]
 
 
