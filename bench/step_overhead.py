@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     use_cpu_if_no_gpu()
     from torchtitan.components.checkpointer import CheckpointManager
+    from torchtitan.components.loss import CrossEntropyLoss
     from torchtitan.components.optimizer import OptimizersContainer
     from torchtitan.tools.logging import init_logger
     from torchtitan.trainer import Trainer
@@ -67,12 +68,13 @@ def main(argv: list[str] | None = None) -> dict:
         f"logging.interval={total}", "logging.tensorboard=false", 'logging.wandb_mode="disabled"',
         "schedule.warmup_steps=1", "schedule.decay_fraction=0.1", f"checkpoint.interval={total}",
         "eval.at_end=false"])
-    ours = trainer_config(recipe)
+    ours = trainer_config(recipe, 1)  # one rank (_one_rank_env)
     ours.checkpoint = dataclasses.replace(ours.checkpoint, enable=False)
     bare = Trainer.Config(**{f.name: getattr(ours, f.name) for f in dataclasses.fields(Trainer.Config) if f.init})
     bare.optimizer = OptimizersContainer.Config(param_groups=ours.optimizer.param_groups,
                                                 implementation=ours.optimizer.implementation)
     bare.checkpoint = CheckpointManager.Config(enable=False)
+    bare.loss = CrossEntropyLoss.Config(global_vocab_size=ours.model_spec.model.vocab_size)  # torchtitan's own
     bare.dump_folder = os.path.join(out, "bare")
 
     def run(config) -> float:
