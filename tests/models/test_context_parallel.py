@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rundir import REPO
-from tests.conftest import TORCHRUN, env, free_port, metrics, poisoned_command
+from tests.conftest import env, metrics, poisoned_command
 from train import recipe as R
 
 RANKS = Path(__file__).with_name("context_parallel_ranks.py")
@@ -26,10 +26,13 @@ CP2 = ["parallel.context_parallel=2", "training.seq_len=256", "eval.every=0", "e
 
 @pytest.mark.slow
 def test_cp2_logits_gradients_and_one_step_equal_cp1_with_window_and_document_masks_and_loss_weights():
-    run = subprocess.run([TORCHRUN, "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                          "--master-port", str(free_port()), str(RANKS)],
-                         env=env(), capture_output=True, text=True, timeout=300, cwd=RANKS.parents[2])
-    assert run.returncode == 0 and "CP OK" in run.stdout, run.stdout[-3000:] + run.stderr[-6000:]
+    """The rank script (RANKS) as bench.gpu_check's check 5 runs it on CPU (2 gloo ranks): the one run of it in the
+    suite (tests/bench/test_gpu_check.py runs gpu_check's other checks)."""
+    from bench.gpu_check import CONTEXT_PARALLEL_RANKS, check_context_parallel
+
+    assert CONTEXT_PARALLEL_RANKS == RANKS
+    checked = check_context_parallel(cpu=True)
+    assert checked == {"result": "equal: logits, gradients, one step", "ok": True}, checked["result"]
 
 
 @pytest.mark.slow
