@@ -65,7 +65,7 @@ TORCHTITAN_API = {
     (CheckpointManager, "_should_purge"): "(self) -> 'bool'",
     (CheckpointManager, "dcp_load"): "(self, state_dict: 'dict[str, Any]', checkpoint_id: 'str', from_hf: 'bool', "
     "from_quantized: 'bool') -> 'None'",
-    # the loop calls it per micro batch; train.preference.trainer overrides it
+    # the loop calls it per micro batch
     (Trainer, "forward_backward_step"): "(self, *, input_dict: dict[str, torch.Tensor] | list[dict[str, "
     "torch.Tensor]], labels: torch.Tensor | list[torch.Tensor], global_valid_tokens: torch.Tensor) -> torch.Tensor",
     (Trainer, "batch_generator"): None,  # overridden and called through
@@ -77,15 +77,24 @@ TORCHTITAN_API = {
     "dict[str, typing.Any], cp_mesh: torch.distributed.device_mesh.DeviceMesh, device: torch.device, "
     "load_balancer_type: str | None = 'headtail', ptrr_mask_key: str | None = None) -> tuple[torch.Tensor, "
     "torch.Tensor, dict[str, typing.Any]]",
-    # train.preference.trainer and train.trainer (loss weights): one micro batch's forward, loss and backward,
-    # with the preference loss or the weighted cross-entropy
+    # the objective's per-token inputs (loss weights) cut over the CP ranks as the tokens (train.trainer.cut_like_tokens)
+    (tt_cp, "cp_shard"): (
+        '(cp_mesh: torch.distributed.device_mesh.DeviceMesh, inputs: tuple[torch.Tensor, ...], attention_mask'
+        's: collections.abc.Mapping[str, torch.nn.attention.flex_attention.BlockMask | torchtitan.models.comm'
+        'on.attention.VarlenMetadata | None] | torch.nn.attention.flex_attention.BlockMask | torchtitan.model'
+        "s.common.attention.VarlenMetadata | None, load_balancer_type: str | None = 'headtail', input_seq_dim"
+        ': int = 1, ptrr_mask_key: str | None = None) -> tuple[tuple[torch.Tensor, ...], collections.abc.Mapp'
+        'ing[str, torch.nn.attention.flex_attention.BlockMask | torchtitan.models.common.attention.VarlenMeta'
+        'data | None] | torch.nn.attention.flex_attention.BlockMask | torchtitan.models.common.attention.Varl'
+        'enMetadata | None]'),
+    # train.trainer: one micro batch's forward, the run's objective's loss (train.objectives) and backward
     (Trainer, "_forward_backward_body"): "(self, inputs: torch.Tensor, labels: torch.Tensor, global_valid_tokens: "
     "torch.Tensor, extra_kwargs: dict[str, typing.Any]) -> torch.Tensor",
 }
 
 # The torchtitan 0.3.0 code LaneformerTrainer ports: (owner, function) -> the first 16 hex digits of the
 # sha256 of its source. A change there is a change to read and port. (``_forward_backward_body``: ported
-# with the loss weighted, in LaneformerTrainer._forward_backward_body.)
+# with the run's objective as its loss, in LaneformerTrainer._forward_backward_body.)
 # TORCHTITAN_LOOP_FROM: the upstream file they were taken from, to diff against the new release on an upgrade
 # (``git diff <sha> <new tag> -- torchtitan/trainer.py``). The v0.3.0 wheel's trainer.py is git blob a6639b28,
 # last changed upstream by that commit (#4141) and unchanged on release/0.3 from 0.3.0rc1 on.

@@ -58,7 +58,7 @@ from torchtitan.components.checkpointer.base import TRAIN_STATE
 from torchtitan.config import ParallelismConfig
 from torchtitan.components.dataloader import DataloaderExhaustedError
 from torchtitan.distributed import utils as dist_utils
-from torchtitan.distributed.context_parallel.api import cp_shard
+from torchtitan.distributed.context_parallel import cp_shard
 from torchtitan.observability import structured_logger as sl
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer

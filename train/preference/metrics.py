@@ -1,6 +1,6 @@
 """The metrics of a preference run, named once (torch-free: the run report reads them).
 
-At every logging step (train.preference.trainer), means over the step's pairs; at the eval's steps, on
+At every logging step (train.objectives.preference), means over the step's pairs; at the eval's steps, on
 the held-out pairs (train.callbacks.eval).
 """
 

@@ -341,7 +341,7 @@ class Eval(EvalSpec):
 class Preference:
     """``[preference]``: preference optimization after SFT (train.preference). Without ``loss`` the run
     trains on next-token cross-entropy; with it every training source must be a pair source. These are
-    a preference run's only defaults (train.preference.build hands the trainer every field): beta 0.1 and
+    a preference run's only defaults (the preference objective, train.objectives.preference, holds the table as it is): beta 0.1 and
     label_smoothing 0 are TRL's ``DPOConfig`` and open-instruct's ``DPOConfig``; gamma unset is
     open-instruct's ``gamma_beta_ratio`` 0.3 times beta (SimPO's margin, ``simpo`` only)."""
     loss: Literal["dpo", "dpo_norm", "simpo"] | None = None
