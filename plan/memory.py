@@ -3,7 +3,8 @@
 The recipe's model is built on fake tensors (``FakeTensorMode``: shapes, no
 storage), with the recipe's activation checkpointing and FSDP2 applied by
 torchtitan's own parallelize path over a fake process group of N ranks;
-forward, loss, backward, clipping and fused AdamW run under
+forward, loss, backward, clipping and the recipe's optimizer (fused AdamW, or
+Muon on the matrices and fused AdamW on the rest: ``step.step_optimizers``) run under
 ``FSDPMemTracker``, as torchtitan's former ``scripts/estimate/estimation.py``
 did. Two steps run: the first creates the optimizer state. Without a GPU the
 tensors are fake *CPU* tensors (autograd refuses fake CUDA tensors then); the
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .gpus import GIB, Gpu
-from .step import Shape, _ac_config, _batch, _build, _loss, _windows, use_cuda_kernels
+from .step import Shape, _ac_config, _batch, _build, _loss, _windows, step_optimizers, use_cuda_kernels
 
 FIT_FRACTION = 0.9  # a plan fits with >= 10% of the GPU left for the allocator and NCCL buffers
 
@@ -30,6 +31,7 @@ class Memory:
     parts: dict[str, int]  # at the peak
     state: int  # sharded params + grads + optimizer state, after backward
     gpu: Gpu
+    optimizer_state: int = 0  # of ``state``: the optimizer's (AdamW's two moments, Muon's one momentum)
 
     @property
     def fits(self) -> bool:
@@ -37,7 +39,8 @@ class Memory:
 
     def to_json(self) -> dict:
         return {"peak_gib": self.peak / GIB, "gpu_gib": self.gpu.memory_gib, "fits": self.fits,
-                "state_gib": self.state / GIB, "parts_gib": {k: v / GIB for k, v in self.parts.items()}}
+                "state_gib": self.state / GIB, "optimizer_state_gib": self.optimizer_state / GIB,
+                "parts_gib": {k: v / GIB for k, v in self.parts.items()}}
 
     def lines(self) -> list[str]:
         p = self.parts
@@ -92,7 +95,7 @@ def memory_plans(config, shape: Shape, gpu: Gpu, micro_batches: tuple[int, ...] 
                 parallelism=ParallelismConfig(spmd_backend="partial_dtensor"),
                 compile_config=CompileConfig(enable=False), ac_config=_ac_config(shape.ac), dump_folder="",
             )
-            optimizer = torch.optim.AdamW(model.parameters(), lr=shape.lr, fused=True)
+            optimizer = step_optimizers(list(model.named_parameters()), shape)
             for p in model.parameters():  # the optimizer state exists from the second step on
                 p.grad = torch.zeros_like(p)
             optimizer.step()
@@ -124,7 +127,8 @@ def _memory(peak: dict, after_backward: dict, gpu: Gpu) -> Memory:
     name = lambda kind: getattr(kind, "value", kind)
     parts = {name(k): v for k, v in at_peak.items()}
     persistent = sum(v for k, v in state.items() if name(k) in ("Sharded Param", "Sharded Grad", "OptState"))
-    return Memory(peak=parts.pop("Total"), parts=parts, state=persistent, gpu=gpu)
+    optimizer = sum(v for k, v in state.items() if name(k) == "OptState")
+    return Memory(peak=parts.pop("Total"), parts=parts, state=persistent, gpu=gpu, optimizer_state=optimizer)
 
 
 def memory_plan(config, shape: Shape, gpu: Gpu) -> Memory:

@@ -250,7 +250,19 @@ class Plan:
             return lines + [f"dense twin roofline: none ({self.dense_error})"]
         return lines + [self.dense.line("dense twin roofline"),
                         f"lanes/dense roofline step ratio: {self.lanes.step_s / self.dense.step_s:.2f} "
-                        f"(the twin: torchtitan llama3 with equal parameters and the same attention windows)"]
+                        f"(the twin: torchtitan llama3 with equal parameters and the same attention windows"
+                        + ("; its optimizer AdamW" if self.recipe.optimizer.name != "adamw" else "") + ")"]
+
+    def optimizer_lines(self) -> list[str]:
+        """The optimizer's state (from the memory trace) and its step time (the roofline), Muon's Newton–Schulz apart."""
+        o = self.recipe.optimizer
+        what = ("fused AdamW, two fp32 moments per parameter" if o.name == "adamw" else
+                "one fp32 momentum per muon_params parameter, fused AdamW's two fp32 moments for the rest")
+        lines = [f"optimizer: {o.name} ({what}): state per GPU {self.memory.optimizer_state / GIB:.2f} GiB, "
+                 f"step {self.lanes.optimizer_s * 1e3:.2f} ms roofline (clipping included)"]
+        if self.lanes.muon is not None:
+            lines.append(self.lanes.muon.line(self.lanes.optimizer_s))
+        return lines
 
     def comm_lines(self) -> list[str]:
         return [] if self.comm is None else self.comm.lines() + self.cp_lines() + self.replica_check_lines()
@@ -295,7 +307,8 @@ class Plan:
 
     def lines(self) -> list[str]:
         """The text, section by section (a new estimate adds its section here)."""
-        return [*self.header_lines(), *self.memory.lines(), *self.roofline_lines(), *self.comm_lines(),
+        return [*self.header_lines(), *self.memory.lines(), *self.optimizer_lines(), *self.roofline_lines(),
+                *self.comm_lines(),
                 *self.compiled_lines(), *(self.interval.lines() if self.interval else []),
                 *(self.lengths.lines() if self.lengths else []), *self.ops_lines(), *self.sweep_lines()]
 
@@ -308,6 +321,9 @@ class Plan:
             "gpus": self.gpus, "gpu": self.gpu.label, "micro_batch": self.shape.micro_batch,
             "seq_len": self.shape.seq_len, "ac": self.shape.ac, "accumulation": self.accumulation,
             "memory": self.memory.to_json(),
+            "optimizer": {"name": self.recipe.optimizer.name, "state_gib": self.memory.optimizer_state / GIB,
+                          "step_s": self.lanes.optimizer_s,
+                          "newton_schulz": None if self.lanes.muon is None else vars(self.lanes.muon)},
             "roofline": speed(self.lanes), "dense_roofline": speed(self.dense),
             "lanes_dense_ratio": None if self.dense is None else self.lanes.step_s / self.dense.step_s,
             "communication": None if self.comm is None else self.comm.to_json(),

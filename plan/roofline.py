@@ -4,13 +4,16 @@ A ``TorchDispatchMode`` charges each aten op of one micro batch of the
 unsharded model (forward, loss, backward, AC recomputation) the larger of
 torch's own compute and memory-transfer estimates
 (``torch.utils._runtime_estimation``, rescaled to the GPU's datasheet peak
-FLOP/s and bandwidth, ``gpus.GPUS``), plus the fused AdamW step on one GPU's
-FSDP shard. An estimate of eager kernels: no communication, no overlap, no
-compile fusion (``compiled.py`` estimates the fused kernels).
+FLOP/s and bandwidth, ``gpus.GPUS``), plus the recipe's optimizer step on one
+GPU's FSDP shard (fused AdamW; with Muon, LaneMuon's Newton–Schulz on the lanes
+the GPU holds whole, or on every lane after an all-gather: ``train.muon``). An
+estimate of eager kernels: no communication, no overlap, no compile fusion
+(``compiled.py`` estimates the fused kernels).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -20,7 +23,7 @@ from torch import nn
 from rundir.table import text_table
 
 from .gpus import Gpu
-from .step import Shape, _ac_config, _batch, _build, _loss, _windows, use_cuda_kernels
+from .step import Shape, _ac_config, _batch, _build, _loss, _windows, step_optimizers, use_cuda_kernels
 
 ROOFLINE_NOTE = "estimate: eager ops, compute and memory traffic only, no communication, no compile fusion"
 
@@ -156,12 +159,13 @@ class Speed:
     """Roofline time of one optimizer step on one GPU."""
 
     micro_batch_s: float  # forward + loss + backward of one micro batch
-    optimizer_s: float  # clipping + fused AdamW on one GPU's shard
+    optimizer_s: float  # clipping + the optimizer step on one GPU's shard
     accumulation: int
     tokens_per_step: int  # per GPU
     flops_per_token: int
     peak_flops: float
     ops: list[Op] = field(repr=False)
+    muon: MuonWork | None = None  # with [optimizer] name = "muon": its Newton–Schulz on this GPU
 
     @property
     def step_s(self) -> float:
@@ -177,6 +181,27 @@ class Speed:
 
     def line(self, label: str = "roofline", note: str = ROOFLINE_NOTE) -> str:
         return f"{label}: {self.tokens_per_s:,.0f} tokens/s/GPU, MFU {self.mfu:.1%} ({note})"
+
+
+@dataclass
+class MuonWork:
+    """Muon's share of one GPU's optimizer step (train.muon.LaneMuon)."""
+
+    matrices: int  # Muon's parameters (lane weights: stacks of matrices)
+    numel: int  # their elements, whole model
+    local: int  # of them, the parameters whose lanes this GPU holds whole (no communication)
+    flops: int  # Newton–Schulz on this GPU per step
+    seconds: float  # its roofline time
+    gathered_bytes: int  # bf16 updates all-gathered per GPU per step (the parameters FSDP splits inside a matrix)
+
+    def line(self, optimizer_s: float) -> str:
+        where = (f"all {self.matrices} on whole lanes held by this GPU: no communication" if self.local == self.matrices
+                 else f"{self.matrices - self.local} of {self.matrices} sharded inside their matrices (more GPUs than "
+                      f"lanes): their bf16 updates all-gathered ({self.gathered_bytes / 1e9:.3g} GB per GPU per step, "
+                      "not in the communication plan) and every lane orthogonalised on every GPU")
+        return (f"Muon per GPU per step: Newton–Schulz {self.flops / 1e9:,.1f} GFLOP, {self.seconds * 1e3:.2f} ms roofline "
+                f"of the optimizer's {optimizer_s * 1e3:.2f} ms ({self.numel:,} parameters in {self.matrices} Muon "
+                f"tensors; {where})")
 
 
 def _shard_dim(placement, param: torch.Tensor) -> int:
@@ -200,6 +225,8 @@ def roofline(config, shape: Shape, gpu: Gpu, *, accumulation: int = 1, dense_twi
     from models.laneformer.parallelize import lane_placement
 
     dtype = getattr(torch, shape.param_dtype)
+    if dense_twin:  # the twin compares the models: AdamW for it (Muon would orthogonalise its matrices whole)
+        shape = dataclasses.replace(shape, optimizer="adamw")
     with FakeTensorMode():
         model = _build(llama3_twin(config) if dense_twin else config, dtype, "cpu")
         use_cuda_kernels(model, _windows(config), shape.cp)
@@ -210,16 +237,28 @@ def roofline(config, shape: Shape, gpu: Gpu, *, accumulation: int = 1, dense_twi
             _loss(model(tokens), labels).backward()
         # The optimizer runs once per step on this GPU's FSDP shard (fp32), split on the dim
         # parallelize.lane_placement gives each parameter (lane weights: dim 1 beyond n_lanes GPUs).
+        # AdamW's shards are flat; Muon's keep their matrix shape (train.muon.LaneMuon orthogonalises them).
         placement = lane_placement(config.n_lanes, shape.gpus)
-        shards = [torch.empty(_shard_numel(p, _shard_dim(placement, p), shape.gpus), requires_grad=True)
-                  for p in model.parameters()]
+        named = list(model.named_parameters())
+        muon = shape.muon(n for n, _ in named)
+        shards = [_shard(p, _shard_dim(placement, p), shape.gpus, flat=n not in muon) for n, p in named]
         for s in shards:
             s.grad = torch.empty_like(s)
-        optimizer = torch.optim.AdamW(shards, lr=shape.lr, fused=True)
+        planned = _planned_muon(gpu, {id(s): p.shape for (n, p), s in zip(named, shards) if n in muon
+                                      and shape.gpus > 1 and _shard_dim(placement, p) >= p.ndim - 2})
+        optimizer = step_optimizers([(n, s) for (n, _), s in zip(named, shards)], shape, planned)
         optimizer.step()  # creates the state
         with _Costs(gpu, phase="optimizer") as opt_costs:
             torch.nn.utils.clip_grad_norm_(shards, shape.grad_clip, foreach=True)
+            planned.ns_costs.clear()
             optimizer.step()
+        muon_work = None
+        if muon:
+            gathered = {n for (n, p), s in zip(named, shards) if id(s) in planned.gathered}
+            muon_work = MuonWork(
+                matrices=len(muon), numel=sum(p.numel() for n, p in named if n in muon),
+                local=len(muon) - len(gathered), flops=planned.flops, seconds=sum(op.seconds for op in planned.ns_costs),
+                gathered_bytes=sum(2 * p.numel() * (shape.gpus - 1) // shape.gpus for n, p in named if n in gathered))
     from models.laneformer.flops import nparams_and_flops_per_token
 
     # the twin: equal parameters; under CP each token still attends over the whole sequence
@@ -232,7 +271,40 @@ def roofline(config, shape: Shape, gpu: Gpu, *, accumulation: int = 1, dense_twi
         flops_per_token=flops,
         peak_flops=gpu.peak_flops(shape.param_dtype),
         ops=costs.ops + opt_costs.ops,
+        muon=muon_work,
     )
+
+
+def _shard(param: torch.Tensor, dim: int, gpus: int, flat: bool) -> torch.Tensor:
+    """One GPU's fp32 FSDP shard of ``param`` split on ``dim`` (the padded, largest one): flat, or in its shape."""
+    if flat:
+        return torch.empty(_shard_numel(param, dim, gpus), requires_grad=True)
+    size = list(param.shape)
+    size[dim] = -(-size[dim] // gpus)
+    return torch.empty(size, requires_grad=True)
+
+
+def _planned_muon(gpu: Gpu, gathered: dict[int, torch.Size]):
+    """A ``train.muon.LaneMuon`` for the roofline's plain shards: the step as the run takes it, with each
+    parameter in ``gathered`` (id -> its whole shape: FSDP splits it inside its matrices) orthogonalised
+    whole, as the run does after its all-gather; Newton–Schulz's operators and FLOPs counted apart."""
+    from train.muon import LaneMuon, newton_schulz, newton_schulz_flops
+
+    class PlannedMuon(LaneMuon):
+        def _direction(self, p, update, group):
+            whole = update.new_empty(gathered[id(p)], dtype=torch.bfloat16) if id(p) in gathered else update
+            PlannedMuon.flops += newton_schulz_flops(whole.shape, group["ns_steps"])
+            with _Costs(gpu, phase="optimizer") as costs:
+                direction = newton_schulz(whole, group["ns_coefficients"], group["ns_steps"], group["eps"])
+            PlannedMuon.ns_costs += costs.ops
+            return direction[tuple(slice(0, n) for n in update.shape)]
+
+        def step(self, closure=None):
+            PlannedMuon.flops = 0
+            return super().step(closure)
+
+    PlannedMuon.gathered, PlannedMuon.flops, PlannedMuon.ns_costs = set(gathered), 0, []
+    return PlannedMuon
 
 
 # ---- the per-op table --------------------------------------------------------------------

@@ -200,6 +200,9 @@ class Shape:
     lr: float = 3e-4
     grad_clip: float = 1.0
     cp: int = 1  # context parallelism: each GPU holds seq_len / cp tokens of a sequence
+    optimizer: str = "adamw"  # [optimizer] name; with "muon", muon_params' matrices on train.muon.LaneMuon
+    muon_params: tuple[str, ...] = ()
+    ns_steps: int = 5
 
     @property
     def tokens(self) -> int:
@@ -210,7 +213,54 @@ class Shape:
     def of(cls, recipe: R.Recipe, gpus: int, **changes) -> Shape:
         t, p, o = recipe.training, recipe.parallel, recipe.optimizer
         return dataclasses.replace(cls(t.micro_batch, t.seq_len, p.activation_checkpoint, gpus, p.param_dtype,
-                                       p.reduce_dtype, o.lr, o.grad_clip, p.context_parallel), **changes)
+                                       p.reduce_dtype, o.lr, o.grad_clip, p.context_parallel, o.name,
+                                       tuple(o.muon_params), o.ns_steps), **changes)
+
+    def muon(self, names) -> set[str]:
+        """The parameter names (of ``names``) this step's Muon trains: none under AdamW."""
+        from train.muon import muon_names
+
+        return set(muon_names(names, self.muon_params)) if self.optimizer == "muon" else set()
+
+
+class Optimizers(torch.optim.Optimizer):
+    """The step's optimizers as one (``FSDPMemTracker`` tracks one optimizer): fused AdamW, and with Muon a
+    ``train.muon.LaneMuon``, as the run builds them (train.build.config.param_groups: weight decay and
+    hyperparameters do not change what is held or computed). ``state`` is theirs together, after each step.
+    Each step passes a 0/1 ``found_inf`` as the run's spike guard does (LaneMuon then holds its result
+    beside the old values until it picks one)."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]):
+        self.optimizers = optimizers
+        super().__init__([p for o in optimizers for g in o.param_groups for p in g["params"]], {})
+        self._merge()
+
+    def _merge(self) -> None:
+        self.state = {p: s for o in self.optimizers for p, s in o.state.items()}  # type: ignore[assignment]
+
+    def step(self, closure=None):
+        for optimizer in self.optimizers:
+            optimizer.step()
+        self._merge()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none)
+
+
+def step_optimizers(named: list[tuple[str, torch.Tensor]], shape: Shape, muon=None) -> Optimizers:
+    """The run's optimizers over ``named`` (name, parameter): ``muon`` (a LaneMuon class, the planner's own
+    in the roofline) for the Muon parameters, fused AdamW for the rest."""
+    from train.muon import LaneMuon
+
+    picked = shape.muon(n for n, _ in named)
+    adamw = [p for n, p in named if n not in picked]
+    optimizers: list[torch.optim.Optimizer] = [torch.optim.AdamW(adamw, lr=shape.lr, fused=True)] if adamw else []
+    if picked:
+        optimizer = (muon or LaneMuon)([p for n, p in named if n in picked], lr=shape.lr, ns_steps=shape.ns_steps)
+        optimizer.found_inf = torch.zeros((), device=next(p for _, p in named).device)
+        optimizers.append(optimizer)
+    return Optimizers(optimizers)
 
 
 def _build(config, dtype: torch.dtype, device: str) -> nn.Module:

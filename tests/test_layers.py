@@ -21,7 +21,7 @@ SCRIPT = "train.py"  # the command line's layer, above the planner and the repor
 
 LAYERS = ["rundir", "health", "data", "models", "eval", "train", "plan", "report", SCRIPT, "launch", "bench"]
 TRAIN_ROOMS = [
-    ["train.recipe", "train.cpu", "train.snapshot", "train.metric_names", "train.preference"],
+    ["train.recipe", "train.cpu", "train.snapshot", "train.metric_names", "train.preference", "train.muon"],
     ["train.objectives"],  # one a run: its loss, inputs, metrics, reference pass (the trainer calls it)
     ["train.callbacks"],
     ["train.titan", "train.trainer"],

@@ -9,7 +9,7 @@ of them changes, before a run silently loses one. Nothing else in ``train/`` ass
 
 - ``use_cpu_if_no_gpu``: torchtitan's device (``torchtitan.tools.utils.device_type`` and
   ``device_module``, and the copies its modules imported) pointed at the CPU when no GPU is visible.
-- ``GuardedOptimizers``: fused Adam(W) that applies or skips a step on the device.
+- ``GuardedOptimizers``: fused Adam(W) and Muon that apply or skip a step on the device; Muon by name.
 - ``MilestoneCheckpointManager``: torchtitan's DCP checkpointing, with milestones that are never
   purged, damaged checkpoints moved aside and a full disk named.
 - ``LaneformerMetrics``: torchtitan's metrics, also at the last step, with MFU "N/A" on a CPU.
@@ -32,6 +32,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 import torchtitan.distributed.context_parallel as tt_cp
+import torchtitan.distributed.flex_shard.dist_muon as tt_dist_muon
 import torchtitan.tools.utils as tt_utils
 from rundir import STEP_DIR, checkpoint_of, is_complete, step_number
 from torchtitan.components.checkpointer import CheckpointManager
@@ -44,6 +45,7 @@ from torchtitan.trainer import Trainer
 
 from data.mixture import MixtureError
 from train.cpu import has_gpu
+from train.muon import LaneMuon
 from health.consistency import is_verified
 from health.storage import NoSpace, checkpoint_bytes, free_bytes, is_out_of_space
 
@@ -57,6 +59,12 @@ TORCHTITAN_API = {
     "norm_type: 'float' = 2.0, error_if_nonfinite: 'bool' = False, foreach: 'bool | None' = None, "
     "pp_mesh: 'DeviceMesh | None' = None, ep_enabled: 'bool' = False) -> 'torch.Tensor'",
     (MetricsProcessor, "should_log"): "(self, step: int) -> bool",
+    # GuardedOptimizers names LaneMuon beside torchtitan's optimizers; LaneMuon runs torchtitan's batched
+    # Newton-Schulz (DistMuon's kernel), held to torch.optim.Muon lane by lane by tests/train/test_muon.py
+    (OptimizersContainer, "_resolve_optimizer_factory"): "(name: str) -> collections.abc.Callable[..., "
+    "torch.optim.optimizer.Optimizer]",
+    (tt_dist_muon, "_zeropower_via_newtonschulz"): "(update: 'Tensor', *, ns_coefficients: 'tuple[float, float, "
+    "float]', ns_steps: 'int', eps: 'float') -> 'Tensor'",
     (CheckpointManager, "_should_save"): "(self, curr_step: 'int', last_step: 'bool' = False) -> 'bool'",
     (CheckpointManager, "_save"): "(self, curr_step: 'int', last_step: 'bool' = False) -> 'bool'",
     (CheckpointManager, "_load"): "(self, step: 'int' = -1) -> 'bool'",
@@ -190,20 +198,28 @@ def use_cpu_if_no_gpu() -> bool:
 
 
 class GuardedOptimizers(OptimizersContainer):
-    """Fused Adam(W) steps that apply or skip on the device: ``skip`` (the spike guard's 0/1 tensor,
-    set before every step) is passed as ``found_inf``, the switch torch's fused kernels already
-    have for AMP. Clipping is torchtitan's (``training.max_norm``)."""
+    """Fused Adam(W) and Muon (``train.muon.LaneMuon``) steps that apply or skip on the device: ``skip``
+    (the spike guard's 0/1 tensor, set before every step) is passed as ``found_inf``, the switch torch's
+    fused kernels already have for AMP (LaneMuon reads it the same way). Clipping is torchtitan's
+    (``training.max_norm``). ``ParamGroupConfig(optimizer_name="LaneMuon")`` names Muon, beside torchtitan's
+    own names (``OptimizersContainer._resolve_optimizer_factory``)."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(OptimizersContainer.Config):
         pass  # its own Config, so that build() makes a GuardedOptimizers
 
+    @staticmethod
+    def _resolve_optimizer_factory(name: str):
+        if name == LaneMuon.__name__:
+            return LaneMuon
+        return OptimizersContainer._resolve_optimizer_factory(name)
+
     def __init__(self, config: Config, **kwargs):
         super().__init__(config, **kwargs)
         for optimizer in self.optimizers:
-            if not (isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
+            if not (isinstance(optimizer, LaneMuon) or isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
                     and all(g.get("fused") for g in optimizer.param_groups)):
-                raise ValueError(f"GuardedOptimizers skips steps through fused Adam/AdamW only, got "
+                raise ValueError(f"GuardedOptimizers skips steps through fused Adam/AdamW and LaneMuon only, got "
                                  f"{type(optimizer).__name__} (implementation={config.implementation!r})")
         self.skip: torch.Tensor | None = None  # set by the spike guard (train.callbacks.spike_guard) before each step
         self._last_skip: torch.Tensor | None = None

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+import rundir
 from rundir import writable
 from data.chat import resolve_template, template_sha256
 from data.held_out import held_out_dir, recorded_held_out
@@ -22,7 +23,8 @@ from eval.suite import check_inputs
 from models.laneformer import Laneformer
 from models.laneformer.checkpoint import open_checkpoint
 from health.storage import run_dir_problem
-from train.build.resume import check_resume
+from train.build.resume import check_resume, optimizer_of
+from train.muon import muon_names
 from train.objectives import OBJECTIVES
 from train.recipe.objective import PREFERENCE
 from train.recipe import Recipe, RecipeError, check_needs, check_world, model_config
@@ -119,8 +121,39 @@ def preflight(recipe: Recipe, world_size: int) -> Preflight:
     if c.export_hf and not writable(recipe.export_dir):
         out.problems.append(f"{p}: [checkpoint] export_dir: {recipe.export_dir} is not writable")
     if out.config is not None:
+        out.problems += check_optimizer(recipe, out.config)
         out.problems += check_resume(recipe, out.config)
     return out
+
+
+def check_optimizer(recipe: Recipe, config: Laneformer.Config) -> list[str]:
+    """The optimizer against the model and the initial checkpoint: with ``[optimizer] name = "muon"``,
+    ``muon_params`` picks at least one parameter, and only matrices (2-D, or ``[lanes, R, C]`` stacks), which
+    torchtitan's groups would otherwise find at build; an ``init_from`` loaded with its optimizer state
+    (``init_weights_only = false``) trained the same optimizer."""
+    o, c, problems = recipe.optimizer, recipe.checkpoint, []
+    where = getattr(recipe.path, "of", lambda table, key: str(recipe.path))
+    if c.init_from and not c.init_weights_only:
+        try:
+            run = open_checkpoint(c.init_from).run_dir
+        except FileNotFoundError:
+            run = None  # initial_load reports it
+        recorded = rundir.recorded_recipe(run) if run is not None else None
+        if run is not None and recorded is not None and (then := optimizer_of(recorded)) != o.name:
+            problems.append(f"{where('checkpoint', 'init_weights_only')}: [checkpoint] init_weights_only: false "
+                            f"loads the optimizer state of {c.init_from}, which trained {then!r} "
+                            f"({run / rundir.RECIPE_FILE}), into [optimizer] name = {o.name!r}: set "
+                            f"init_weights_only = true (its weights, a fresh optimizer), or name {then!r}")
+    if o.name != "muon":
+        return problems
+    with torch.device("meta"):
+        shapes = {name: tuple(q.shape) for name, q in config.build().named_parameters()}
+    picked, key = muon_names(shapes, o.muon_params), f"{where('optimizer', 'muon_params')}: [optimizer] muon_params"
+    if not picked:
+        return problems + [f"{key}: {o.muon_params} match no parameter of the model (names like "
+                           f"{next(iter(shapes))!r})"]
+    return problems + [f"{key}: {name} has shape {list(shapes[name])}; Muon takes 2-D matrices and [lanes, R, C] "
+                       "stacks of them (leave it to AdamW)" for name in picked if len(shapes[name]) not in (2, 3)]
 
 
 def make_source_command(recipe: Recipe, source) -> str:

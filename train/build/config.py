@@ -32,6 +32,7 @@ from train.callbacks.source_tokens import SourceTokens
 from train.callbacks.spike_guard import SpikeGuard
 from train.callbacks.straggler import Straggler
 from train.cpu import adapt_config
+from train.muon import LaneMuon
 from train.objectives import OBJECTIVES
 from train.recipe import Recipe, dp_degrees, model_spec
 from train.titan import GuardedOptimizers, LaneformerMetrics, MilestoneCheckpointManager
@@ -87,6 +88,30 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", 1))
 
 
+def pattern(regexes: list[str]) -> str:
+    """One regex matching any of ``regexes`` (none: one that matches nothing)."""
+    return "|".join(f"(?:{r})" for r in regexes) or r"(?!)"
+
+
+def param_groups(recipe: Recipe) -> list[ParamGroupConfig]:
+    """torchtitan's parameter groups (first match wins): with ``[optimizer] name = "muon"``, the matrices
+    ``muon_params`` picks on Muon (train.muon.LaneMuon, torch.optim.Muon's arguments; decoupled weight decay
+    on all of them), then AdamW with no decay for ``no_decay``, then AdamW for the rest."""
+    o = recipe.optimizer
+    adamw = {"lr": o.lr, "betas": tuple(o.betas), "eps": o.eps}
+    groups = [
+        ParamGroupConfig(pattern=pattern(o.no_decay), optimizer_name="AdamW", optimizer_kwargs={**adamw, "weight_decay": 0.0}),
+        ParamGroupConfig(pattern=r".*", optimizer_name="AdamW", optimizer_kwargs={**adamw, "weight_decay": o.weight_decay}),
+    ]
+    if o.name == "muon":
+        muon = {"lr": o.lr, "weight_decay": o.weight_decay, "momentum": o.momentum, "nesterov": o.nesterov,
+                "ns_steps": o.ns_steps, "adjust_lr_fn": o.adjust_lr_fn,
+                "fused": False, "foreach": False}  # over the container's fused AdamW switches: Muon has neither
+        groups.insert(0, ParamGroupConfig(pattern=pattern(o.muon_params), optimizer_name=LaneMuon.__name__,
+                                          optimizer_kwargs=muon))
+    return groups
+
+
 def trainer_config(recipe: Recipe, world: int) -> LaneformerTrainer.Config:
     """The Trainer config of ``recipe`` on ``world`` ranks."""
     t, o, s, p, c, log = (recipe.training, recipe.optimizer, recipe.schedule, recipe.parallel,
@@ -94,8 +119,6 @@ def trainer_config(recipe: Recipe, world: int) -> LaneformerTrainer.Config:
     assert t.steps is not None  # made by Training.__post_init__
     spec = model_spec(recipe)
     objective = OBJECTIVES[recipe.objective]
-    adamw = {"lr": o.lr, "betas": tuple(o.betas), "eps": o.eps}
-    no_decay = "|".join(f"(?:{r})" for r in o.no_decay) or r"(?!)"
     init_path, init_hf = initial_load(recipe)
     config = LaneformerTrainer.Config(
         model_spec=spec,
@@ -106,14 +129,7 @@ def trainer_config(recipe: Recipe, world: int) -> LaneformerTrainer.Config:
         tokenizer=SentencePieceTokenizer.Config(path=recipe.data.tokenizer),
         dataloader=objective.dataloader_of(recipe, spec.model),
         loss=objective.config_of(recipe, spec.model),  # torchtitan's loss slot holds the run's objective
-        optimizer=GuardedOptimizers.Config(
-            param_groups=[
-                ParamGroupConfig(pattern=no_decay, optimizer_name="AdamW",
-                                 optimizer_kwargs={**adamw, "weight_decay": 0.0}),
-                ParamGroupConfig(pattern=r".*", optimizer_name="AdamW",
-                                 optimizer_kwargs={**adamw, "weight_decay": o.weight_decay}),
-            ],
-        ),
+        optimizer=GuardedOptimizers.Config(param_groups=param_groups(recipe)),
         lr_scheduler=LRSchedulersContainer.Config(
             warmup_steps=s.warmup_steps,
             decay_ratio=s.decay_fraction,

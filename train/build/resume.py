@@ -6,8 +6,9 @@ this check a model that no longer fits failed inside the load, and each of the r
 turn was moved aside as damaged; a changed mixture loaded and went on with another data order, its
 past tokens per source recounted as if the new mixture had always held.
 
-What may change on a resume: the world size, the batch, the steps, the optimizer and schedule, the
-data's location (``[data] root``, a source's ``path``) and ``init_std`` (used only to initialize).
+What may change on a resume: the world size, the batch, the steps, the optimizer's settings and the
+schedule, the data's location (``[data] root``, a source's ``path``) and ``init_std`` (used only to
+initialize). Not the optimizer itself (``[optimizer] name``): its state is in the checkpoints.
 """
 
 from __future__ import annotations
@@ -39,13 +40,26 @@ def check_resume(recipe: Recipe, config: Laneformer.Config) -> list[str]:
         now = _plain(native_fields(config))
         changed += [("model", k, now[k], then[k], rundir.MODEL_CONFIG_FILE) for k in now
                     if k not in MAY_CHANGE and now[k] != then[k]]
+    optimizer: list[str] = []
+    where = getattr(recipe.path, "of", lambda table, key: str(recipe.path))
     if (recorded := rundir.recorded_recipe(run)) is not None:
         changed += _data_order_changes(recipe, recorded)
-    where = getattr(recipe.path, "of", lambda table, key: str(recipe.path))
+        if (trained := optimizer_of(recorded)) != recipe.optimizer.name:
+            optimizer.append(
+                f"{where('optimizer', 'name')}: [optimizer] name: {recipe.optimizer.name!r}, but the checkpoints in "
+                f"{run} hold the state of {trained!r} ({run / rundir.RECIPE_FILE}). A resume loads the optimizer's "
+                f"state, which another optimizer cannot take: restore it, or start {recipe.optimizer.name!r} in "
+                f"another run dir ([run] name) from these weights ([checkpoint] init_from = \"{run}\", with a fresh "
+                "optimizer: init_weights_only = true)")
     return [f"{where(table, key)}: [{table}] {key}: {now!r}, but the checkpoints in {run} were trained with "
             f"{then!r} ({run / file}). A resume goes on with their model and data order: restore it, or train "
             f"the change in another run dir ([run] name) from these weights ([checkpoint] init_from = \"{run}\")"
-            for table, key, now, then, file in changed]
+            for table, key, now, then, file in changed] + optimizer
+
+
+def optimizer_of(recorded: dict) -> str:
+    """The ``[optimizer] name`` a run recorded (runs from before the field trained AdamW)."""
+    return recorded.get("optimizer", {}).get("name", "adamw")
 
 
 def _data_order_changes(recipe: Recipe, recorded: dict) -> list[Change]:

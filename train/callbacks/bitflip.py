@@ -1,8 +1,8 @@
 """A test-only fault: ``LANEFORMER_TEST_BITFLIP=RANK:STEP[:TARGET]`` flips bit 12 of the first word of
 that rank's first non-empty local shard of TARGET after that step's update, so the replica check
 (``train.callbacks.replica_check``, which runs right after) has a silent corruption to find. TARGET is
-``params`` (the default: a parameter) or ``optimizer`` (AdamW's first moment, ``exp_avg``: state the
-loss does not show until a later update reads it). The rank places the fault in its replica group
+``params`` (the default: a parameter) or ``optimizer`` (AdamW's first moment, ``exp_avg``, or Muon's
+``momentum_buffer``: state the loss does not show until a later update reads it). The rank places the fault in its replica group
 (``health.consistency``: ``[replicate, shard]`` mesh, a group per shard).
 ``train.build`` adds this callback only when the variable is set: a real run never calls it."""
 
@@ -43,7 +43,8 @@ class BitFlip(Callback[TrainerView], Configurable):
             if self.target == "params":
                 flipped = flip_bit(p for m in trainer.model_parts for p in m.parameters())
             else:
-                flipped = flip_bit(s["exp_avg"] for opt in trainer.optimizers.optimizers for s in opt.state.values())
+                flipped = flip_bit(s["exp_avg"] if "exp_avg" in s else s["momentum_buffer"]
+                                   for opt in trainer.optimizers.optimizers for s in opt.state.values())
             if not flipped:
                 raise RuntimeError(f"{BITFLIP_ENV}: rank {self.rank} holds no {self.target} to flip")
 

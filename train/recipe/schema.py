@@ -22,6 +22,12 @@ from rundir import EXPORT_DIR, REPO, RUNS_DIR
 from train.recipe.objective import objective_of
 
 
+# [optimizer] muon_params' default: the matrices inside the layers, the lane weights of attention (wq, wk, wv,
+# wo) and the MLP (w1, w2, w3). The embeddings, the output head and every norm stay on AdamW, as in Moonlight
+# (arXiv 2502.16982, Sec. 2.2).
+MUON_PARAMS = (r"\.attention\.w[qkvo]\.weight$", r"\.feed_forward\.w[123]\.weight$")
+
+
 class RecipeError(ValueError):
     """A recipe problem, with the file, table and key it is about."""
 
@@ -106,6 +112,9 @@ class Data:
 
 @dataclass(kw_only=True)
 class Optimizer:
+    # "adamw": AdamW on every parameter. "muon": Muon (train.muon.LaneMuon, torch.optim.Muon on each lane's
+    # matrix) on the matrices `muon_params` picks, AdamW (lr, betas, eps, no_decay) on the rest.
+    name: Literal["adamw", "muon"] = "adamw"
     lr: float
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
@@ -113,6 +122,16 @@ class Optimizer:
     grad_clip: float = 1.0
     # No decay for norms and embeddings (regex over parameter names).
     no_decay: list[str] = field(default_factory=lambda: [r"norm\.weight$", r"tok_embeddings\."])
+    # Muon only (name = "muon"). The parameters it trains (regexes over names, torchtitan's ParamGroupConfig
+    # patterns; 2-D matrices or [lanes, R, C] stacks): the attention and MLP lane weights. torch.optim.Muon's
+    # momentum, nesterov, ns_steps and adjust_lr_fn (its None is "original"). "match_rms_adamw" scales each
+    # matrix's update to AdamW's RMS (0.2 sqrt(max(R, C)), Moonlight, arXiv 2502.16982), so that lr and
+    # weight_decay tuned for AdamW carry over to Muon's matrices unchanged.
+    muon_params: list[str] = field(default_factory=lambda: list(MUON_PARAMS))
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    adjust_lr_fn: Literal["original", "match_rms_adamw", "spectral_unclamped"] = "match_rms_adamw"
 
     def __post_init__(self):
         if self.lr <= 0:
@@ -121,6 +140,18 @@ class Optimizer:
             raise TableError(f"betas: must be two numbers in [0, 1) (got {self.betas})")
         if self.eps <= 0 or self.weight_decay < 0 or self.grad_clip <= 0:
             raise TableError("eps and grad_clip must be > 0, weight_decay >= 0")
+        if not 0 <= self.momentum < 1:
+            raise TableError(f"momentum: must be in [0, 1) (got {self.momentum})")
+        if not 1 <= self.ns_steps < 100:
+            raise TableError(f"ns_steps: must be in [1, 100) (got {self.ns_steps})")
+        for key in ("no_decay", "muon_params"):
+            for i, pattern in enumerate(getattr(self, key)):
+                try:
+                    re.compile(pattern)
+                except re.error as e:
+                    raise TableError(f"{key}[{i}]: {pattern!r} is not a regular expression ({e})", key=key) from None
+        if self.name == "muon" and not self.muon_params:
+            raise TableError("muon_params: name = \"muon\" needs at least one pattern (the matrices Muon trains)")
 
 
 @dataclass(kw_only=True)
