@@ -5,8 +5,10 @@
 step 3's optimizer update (a change the loss does not show); the check before
 step 4's save catches it, names rank 5 and its host by majority vote, exits with its own code and
 saves nothing. Resumed without the fault, the run goes on from the verified step-2 checkpoint (not
-from a complete but unverified newer one planted beside it) and ends with every tensor of its
-step-4 checkpoint, model and AdamW state, equal to a clean run's (which passes every check). With 2
+from a complete but unverified newer one planted beside it), passes the checks before its step-4 save
+and ends as a clean run does (the exit note DONE, step 4 verified), its step 3 replayed to the bit (step 3's
+loss was logged before the flip). A clean 6-rank run to compare the final tensors with would cost a third
+launch of 6 ranks; exact resumes are the kill-and-resume tests' (tests/e2e/test_train_runs.py). With 2
 replicas (no majority) both holders are named, here at a periodic check (``consistency_every=1``) right
 after a bit of AdamW's first moment is flipped (``1:1:optimizer``): the parameters are still equal
 then, so only the optimizer state's checksum can see it at that step.
@@ -20,10 +22,9 @@ import socket
 import subprocess
 
 import pytest
-import torch
 
 from rundir import ALERTS_FILE, REPO, VERIFIED_FILE
-from tests.conftest import checkpoint_tensors, env, train_command
+from tests.conftest import env, losses, train_command
 from health.exits import EXIT_FILE_ENV, Exit
 
 pytestmark = pytest.mark.slow
@@ -51,7 +52,7 @@ HSDP = ("parallel.shard=2", "parallel.replicate=3")
 
 
 def test_a_flipped_bit_is_caught_before_the_save_and_the_run_resumes_from_the_verified_checkpoint(tmp_path):
-    run, clean = tmp_path / "run", tmp_path / "clean"
+    run = tmp_path / "run"
     result, note = launch(run, 6, *HSDP, bitflip="5:3")
     assert result.returncode != 0
     assert note["code"] == Exit.REPLICA_MISMATCH and note["reason"] == "replica mismatch"
@@ -66,19 +67,14 @@ def test_a_flipped_bit_is_caught_before_the_save_and_the_run_resumes_from_the_ve
 
     # A complete checkpoint newer than the verified one, but never compared: not resumed from.
     shutil.copytree(checkpoints / "step-2", checkpoints / "step-3", ignore=shutil.ignore_patterns(VERIFIED_FILE))
+    first = losses(run)  # step 3's loss came before the flip (after its update): the resume must replay it
     result, note = launch(run, 6, *HSDP)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"Loading the checkpoint from {checkpoints / 'step-2'}" in result.stdout + result.stderr
-    assert (checkpoints / "step-4" / VERIFIED_FILE).is_file()
-
-    result, note = launch(clean, 6, *HSDP)  # no fault: every check passes
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert note["code"] == Exit.DONE and not (clean / ALERTS_FILE).exists()
-    assert all((clean / "checkpoints" / f"step-{s}" / VERIFIED_FILE).is_file() for s in (2, 4))
-    for step in (2, 4):
-        got, want = checkpoint_tensors(checkpoints / f"step-{step}"), checkpoint_tensors(clean / "checkpoints" / f"step-{step}")
-        assert got.keys() == want.keys() and any("exp_avg_sq" in k for k in got)  # model and AdamW state
-        assert [k for k in want if not torch.equal(got[k], want[k])] == [], step
+    assert note["code"] == Exit.DONE and (checkpoints / "step-4" / VERIFIED_FILE).is_file()
+    alerts = [json.loads(line) for line in (run / ALERTS_FILE).read_text().splitlines()]
+    assert [a["step"] for a in alerts if a["kind"] == "replica_mismatch"] == [4]  # the flip's alone
+    assert losses(run)[3] == first[3]  # replayed from the verified step 2, to the bit
 
 
 def test_with_two_replicas_both_holders_of_a_flipped_optimizer_state_are_named_at_once(tmp_path):
