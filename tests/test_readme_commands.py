@@ -350,6 +350,11 @@ COMMANDS: dict[str, Here | Same | Skip] = {
     "torchrun -m torchtitan.train --module train --config laneformer_tiny":
         Here("torchrun -m torchtitan.train --module train --config laneformer_tiny --training.steps 2 "
              "--dump_folder {tmp}/titan --metrics.log_freq 1", "", check=titan_run, group=TRAIN),
+    "python train.py --recipe phase1 --set optimizer.name=muon --plan --gpus 192": Skip(LONG, "the 2B's plan with "
+        "Muon (a minute, as phase 1's plan in the plan group); the test named checks what it counts, on tiny",
+        "tests/train/test_muon.py::test_the_plan_counts_muons_one_buffer_and_its_newton_schulz"),
+    "torchrun --nproc-per-node 8 train.py --recipe phase1.toml --set optimizer.name=muon": Skip(GPU, "the 2B on 8 "
+        "GPUs; Muon on 1, 2 and 4 gloo ranks in the test named", "tests/e2e/test_muon.py"),
     "torchrun ... train.py --recipe phase2.toml": Skip(GPU, "the 2B on GPUs from phase 1's checkpoint; tiny-phase2 "
         "from a tiny checkpoint runs in the test named", "tests/train/test_train.py::test_phase2_starts_from_phase1_weights"),
     "python -m report runs/NAME [runs/OTHER ...] [--out DIR] [--plan-gpu h100 --gpus 192]":
@@ -608,7 +613,7 @@ def test_a_same_entry_points_at_a_command_that_runs_and_a_skip_is_reasoned():
     for readme, entry in COMMANDS.items():
         if isinstance(entry, Skip):
             skipped.setdefault(entry.kind, []).append(readme.split(" [")[0][:40])
-    assert {k: len(v) for k, v in skipped.items()} == {SUITE: 2, GPU: 5, NETWORK: 6, LONG: 10, SLURM: 3}, skipped
+    assert {k: len(v) for k, v in skipped.items()} == {SUITE: 2, GPU: 6, NETWORK: 6, LONG: 11, SLURM: 3}, skipped
     # and what another test does instead, the same work, checked there
     assert [r for r, e in COMMANDS.items() if isinstance(e, Same) and e.test] == [
         "python -m models.laneformer.merge OUT CKPT CKPT... [--weights W,W,...]",
