@@ -8,7 +8,9 @@ from another listed run's checkpoint (phase 2 from phase 1) continues it along
 the token axis. Without ``--out`` the report goes to ``RUN/report/`` (the first
 run's). Modules: ``runs`` reads a run dir, ``figures`` draws, ``phases`` compares
 a phase's short-context numbers with the run it started from, ``page`` writes
-the HTML, ``memory`` draws and records the memory plan.
+the HTML, ``memory`` draws and records the memory plan; ``sweep`` compares a sweep's runs,
+``forgetting`` (``python -m report.forgetting SWEEP_DIR``) draws a phase-2 sweep's general against
+its phase-2 held-out loss beside phase 1 and merges of the two.
 """
 
 from __future__ import annotations

@@ -478,6 +478,14 @@ COMMANDS: dict[str, Here | Same | Skip] = {
     "torchrun --nproc-per-node 8 train.py --recipe dpo": Skip(GPU, "the 2B's DPO on 8 GPUs from the SFT checkpoint; "
                                                                    "the tiny one runs in the test named above"),
     # --- sweeps ---
+    "python -m report.forgetting runs/sweeps/NAME [--merge-weights 0,0.25,0.5,0.75,1]": Skip(LONG, "reads a phase-2 "
+        "sweep's runs (11 CPU-minutes to train at tiny scale), then writes and scores 5 merges; the test named draws "
+        "a sweep the launcher lays out and scores merges at 0 and 1", "tests/train/test_forgetting_report.py"),
+    "python -m launch.sweep recipes/sweeps/tiny-replay.toml": Skip(LONG, "4 tiny-phase2 runs from runs/tiny (~6 "
+        "CPU-minutes, after tiny's 4); the test named lays the sweep out with the launcher's own code",
+        "tests/train/test_forgetting_report.py"),
+    "python -m report.forgetting runs/sweeps/tiny-replay": Same("python -m report.forgetting runs/sweeps/NAME "
+                                                                "[--merge-weights 0,0.25,0.5,0.75,1]"),
     "python -m launch.sweep recipes/sweeps/tiny-dtp.toml": Skip(LONG, "4 runs of 100 steps (8.9 CPU-minutes); the "
                                                                       "test named runs it at 4 steps", SWEEP),
     "python -m report runs/sweeps/tiny-dtp": Skip(LONG, "compares the sweep above; the test named runs it on "
@@ -613,7 +621,7 @@ def test_a_same_entry_points_at_a_command_that_runs_and_a_skip_is_reasoned():
     for readme, entry in COMMANDS.items():
         if isinstance(entry, Skip):
             skipped.setdefault(entry.kind, []).append(readme.split(" [")[0][:40])
-    assert {k: len(v) for k, v in skipped.items()} == {SUITE: 2, GPU: 6, NETWORK: 6, LONG: 11, SLURM: 3}, skipped
+    assert {k: len(v) for k, v in skipped.items()} == {SUITE: 2, GPU: 6, NETWORK: 6, LONG: 13, SLURM: 3}, skipped
     # and what another test does instead, the same work, checked there
     assert [r for r, e in COMMANDS.items() if isinstance(e, Same) and e.test] == [
         "python -m models.laneformer.merge OUT CKPT CKPT... [--weights W,W,...]",
