@@ -16,6 +16,7 @@ from data import tokenize
 from data.hf_tokenizer import PROBE_TEXTS as TRICKY
 from data.shards import load_manifest, open_source
 from data.tokenizer import TINY_TOKENIZER, load_tokenizer
+from tests.requires import require
 
 N_FILES = 3
 
@@ -101,7 +102,7 @@ def test_manifest_step_pickles_and_refuses_unfinished(tokenized):
 
 
 def test_parquet_glob_input(tmp_path):
-    pa = pytest.importorskip("pyarrow")
+    pa = require("pyarrow", "parquet input (datasets' own dependency)")
     import pyarrow.parquet as pq
 
     texts = ["first </s> doc", " second\r\n", "日本語 🤖"]
@@ -117,7 +118,7 @@ def test_parquet_glob_input(tmp_path):
 def test_a_text_key_that_matches_nothing_exits_2_naming_the_columns_and_a_fixed_rerun_tokenizes(tmp_path, capsys):
     """A wrong --text-key reads every row and finds no text: an error naming the key and the columns
     the rows have (parquet too), no manifest; the same command with the right key then tokenizes."""
-    pa = pytest.importorskip("pyarrow")
+    pa = require("pyarrow", "parquet input (datasets' own dependency)")
     import pyarrow.parquet as pq
 
     (tmp_path / "in").mkdir()

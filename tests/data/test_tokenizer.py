@@ -13,6 +13,7 @@ from data.hf_tokenizer import PROBE_TEXTS as TRICKY
 from data.hf_tokenizer import build_fast_tokenizer, document_post_processor
 from data.sample_corpus import code_documents, prose_documents
 from data.tokenizer import FRAMING, TINY_TOKENIZER, load_tokenizer
+from tests.requires import require
 
 
 
@@ -85,7 +86,7 @@ def test_decode_round_trip(tok, fast):
 
 
 def test_transformers_loads_same_ids(tok):
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers", "the HF tokenizer the export ships is compared with")
     hf = transformers.AutoTokenizer.from_pretrained(str(TINY_TOKENIZER.parent))
     assert (hf.bos_token_id, hf.eos_token_id, hf.unk_token_id) == (1, 2, 0)
     for d in TRICKY:
