@@ -151,7 +151,7 @@ def test_a_non_fused_optimizer_is_refused():
 
     from train.titan import GuardedOptimizers
 
-    with pytest.raises(ValueError, match="fused Adam/AdamW only"):
+    with pytest.raises(ValueError, match="fused Adam/AdamW and LaneMuon only"):
         GuardedOptimizers.Config(implementation="foreach", param_groups=[
             ParamGroupConfig(pattern=".*", optimizer_name="AdamW", optimizer_kwargs={"lr": 0.1})]
         ).build(model_parts=[torch.nn.Linear(2, 2)])
