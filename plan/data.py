@@ -21,6 +21,8 @@ def data_report(recipe: R.Recipe) -> str:
     t, sources = recipe.training, recipe.data.sources
     if recipe.objective == PREFERENCE:  # its pair sources are sized in pairs (train.preference.plan)
         return pairs_report(recipe)
+    if not sources:  # an RL run reads its [rl] tasks (train.objectives.rl checks them in the preflight)
+        return f"data plan: no [[data.sources]]: the {recipe.objective} objective reads its own data"
     rows = needs(sources, t.seq_len, t.steps * t.global_batch)
     lines = [f"data plan: {t.total_tokens:,} tokens; per source: planned tokens, the size that keeps it "
              "within max_epochs, and its expected size (expected_tokens, by its card)"]

@@ -458,6 +458,9 @@ COMMANDS: dict[str, Here | Same | Skip] = {
     # --- post-training: preference optimization ---
     "python -m data.make_sample_pairs": Here("python -m data.make_sample_pairs --out {tmp}/preference",
                                              "1026 pairs, 64,529 tokens", check=made_the_bundled_pairs, group=DATA),
+    "python -m data.make_rl_tasks": Same(test="tests/train/test_rl_recipe.py::test_bundled_assets_are_what_the_script_makes"),
+    "python train.py --recipe tiny-rl": Skip(LONG, "after the tiny, tiny-phase2 and tiny-sft runs; the test named runs "
+        "4 steps of it from a random model, killed and resumed", "tests/e2e/test_rl.py"),
     "python train.py --recipe tiny-dpo": Skip(LONG, "the reference pass over 1,140 pairs and 60 steps (~20 minutes "
         "here); the test named runs a preference run at toy size",
         "tests/e2e/test_preference.py::test_one_rank_ln2_held_out_cache_kill_and_resume_beta"),
@@ -621,10 +624,10 @@ def test_a_same_entry_points_at_a_command_that_runs_and_a_skip_is_reasoned():
     for readme, entry in COMMANDS.items():
         if isinstance(entry, Skip):
             skipped.setdefault(entry.kind, []).append(readme.split(" [")[0][:40])
-    assert {k: len(v) for k, v in skipped.items()} == {SUITE: 2, GPU: 6, NETWORK: 6, LONG: 13, SLURM: 3}, skipped
+    assert {k: len(v) for k, v in skipped.items()} == {SUITE: 2, GPU: 6, NETWORK: 6, LONG: 14, SLURM: 3}, skipped
     # and what another test does instead, the same work, checked there
     assert [r for r, e in COMMANDS.items() if isinstance(e, Same) and e.test] == [
-        "python -m models.laneformer.merge OUT CKPT CKPT... [--weights W,W,...]",
+        "python -m models.laneformer.merge OUT CKPT CKPT... [--weights W,W,...]", "python -m data.make_rl_tasks",
         "python train.py --recipe long --dry-run", "python -m data.make_passkey"]
 
 

@@ -5,7 +5,8 @@
 checkpointer, the batches, ``forward_backward_step``, clipping, the optimizers and schedulers, the
 metrics. A step, in order:
 
-1. ``pre_step`` callbacks (the heartbeat enters ``data``), then the step's batches;
+1. ``pre_step`` callbacks (the heartbeat enters ``data``), then the step's batches, made into what the
+   forward takes by the objective (``make_batches``: an RL run samples and scores its completions there);
 2. forward and backward over its micro batches (``forward_backward``);
 3. clipping; the pre-clip norm and the step's global loss go to the ``pre_optim_step`` callbacks
    (the spike guard decides, on the device, whether the update applies);
@@ -158,6 +159,7 @@ class LaneformerTrainer(Trainer):
                         except DataloaderExhaustedError:
                             logger.warning("Ran out of data; last step was canceled.")
                             break
+                        batches = self.objective.make_batches(self, batches)  # an RL run's rollouts
 
                         self.enter(Phase.FORWARD_BACKWARD)
                         loss, local_weight, global_weight = self.forward_backward(batches)

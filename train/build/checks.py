@@ -91,17 +91,20 @@ def preflight(recipe: Recipe, world_size: int) -> Preflight:
         if d.tokenizer_sha256 and (wrong := check_sha256(d.tokenizer, d.tokenizer_sha256)):
             out.problems.append(f"{p}: [data] tokenizer_sha256: {wrong}{how_to_get(d.tokenizer)}")
             tokenizer = None
-    out.problems += check_needs(recipe)
-    if not d.sources:
+    objective = OBJECTIVES[recipe.objective]
+    if objective.reads_sources:
+        out.problems += check_needs(recipe)
+    if not d.sources and objective.reads_sources:
         out.problems.append(f"{p}: [data] sources: needs at least one [[data.sources]]")
     missing = [(i, s) for i, s in enumerate(d.sources) if not Path(s.path).is_dir()]
     for i, s in missing:
         out.problems.append(f"{p}: [data.sources[{i}]] path: {s.path} not found (source {s.name!r}; make it with "
                             f"{make_source_command(recipe, s)})")
-    if out.config is not None and tokenizer is not None and d.sources and not missing:
+    if out.config is not None and tokenizer is not None and (d.sources or not objective.reads_sources) \
+            and not missing:
         try:  # the objective's own questions (a preference run's pairs open as pairs), then the mixture
-            problems = OBJECTIVES[recipe.objective].check(recipe, out.config, tokenizer)
-            if not problems and recipe.objective != PREFERENCE:
+            problems = objective.check(recipe, out.config, tokenizer)
+            if not problems and recipe.objective != PREFERENCE and d.sources:
                 out.mixture = check_data(recipe, out.config, tokenizer)
         except (ValueError, OSError) as e:
             out.problems.append(f"{p}: [data] sources: {e}")

@@ -8,12 +8,14 @@ A new objective is its file here and its line below (its table in the recipe nam
 from train.objectives.base import Objective, TrainerParts
 from train.objectives.cross_entropy import CrossEntropy
 from train.objectives.preference import Preference
+from train.objectives.rl import Rl
 from train.objectives.weighted_cross_entropy import WeightedCrossEntropy
 
 OBJECTIVES: dict[str, type[Objective]] = {o.name: o for o in (
     CrossEntropy,
     WeightedCrossEntropy,
     Preference,
+    Rl,
 )}
 
 __all__ = ["OBJECTIVES", "Objective", "TrainerParts"]

@@ -13,6 +13,8 @@ never asking which it is. An objective owns:
   normalises over the step's global tokens or pairs, whatever the micro batches and world size;
 - ``__call__``: the micro batch's loss over that global denominator;
 - ``prepare``: anything before the first step (the preference reference pass);
+- ``make_batches``: the step's micro batches as the loader gave them made into what the forward takes (an
+  RL run samples its completions and scores them here); identity for the others;
 - ``step_metrics``: its metrics beyond the loss, summed over the data-parallel ranks and logged at
   logging steps through the trainer's one point (``LaneformerTrainer.log_step``);
 - ``evaluates``/``evaluate``: its own held-out score, run by the eval callback (train.callbacks.eval);
@@ -72,6 +74,7 @@ class Objective(BaseLoss):
     per_token: ClassVar[tuple[str, ...]] = ()
     evaluates: bool = False  # whether ``evaluate`` has anything to score in this run
     eval_name: ClassVar[str] = ""  # its part's name in the eval callback's errors
+    reads_sources: ClassVar[bool] = True  # trains on [[data.sources]] (an RL run reads its [rl] tasks instead)
 
     @dataclass(kw_only=True, slots=True)
     class Config(BaseLoss.Config):
@@ -106,6 +109,11 @@ class Objective(BaseLoss):
 
     def prepare(self, trainer: TrainerParts) -> None:
         """Before the first step, after the checkpoint load."""
+
+    def make_batches(self, trainer: TrainerParts, batches: list) -> list:
+        """The step's micro batches, ``(input_dict, labels)`` as the loader gave them, made into the ones the
+        forward takes, before their denominator is summed (``weight``): the loader's batches themselves."""
+        return batches
 
     def step_metrics(self, reduce: Callable[[torch.Tensor], torch.Tensor] | None) -> dict[str, float]:
         """After every step: at a logging step (``reduce`` given: the sum over the data-parallel ranks) the

@@ -400,6 +400,91 @@ class Preference:
                              "whole pairs", table="training")
 
 
+# What [rl] may name as its reward besides "module:function" (eval.rewards).
+RL_REWARDS = ("pass_rate", "pass_fail")
+
+
+@dataclass(kw_only=True)
+class Rl:
+    """``[rl]``: reinforcement learning with verifiable rewards on code (train.objectives.rl, issue 59). Without
+    ``tasks`` the run is not an RL run. Every default cites its source; "unverified" where it could not be
+    checked against the source itself."""
+    # A JSONL of {"id", "prompt", "tests"} (data.rl_tasks); relative: to the repo.
+    tasks: str | None = None
+    # Tasks held out for eval/rl_pass@1: data.held_out's rule (blake2b-8 of the prompt's ids under the run's
+    # tokenizer, below floor(fraction x 2**64)), as every other source is split.
+    held_out: float = 0.2
+    prompts_per_step: int = 4  # on all ranks together; [training] global_batch = prompts_per_step x samples_per_prompt
+    # G. DeepSeek-R1 and nanochat's chat_rl.py sample 16 a question (issue 59); TRL's num_generations is 8 (unverified)
+    samples_per_prompt: int = 8
+    max_new_tokens: int = 64
+    temperature: float = 1.0  # sampling from the policy itself (TRL's GRPOConfig temperature 1.0, unverified)
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    # "dapo": token-level over the step's response tokens on all ranks (DAPO, arXiv 2503.14476, its
+    # "token-level policy gradient loss"; TRL's GRPOConfig loss_type default "dapo" per issue 59, unverified here);
+    # "dr_grpo": over a constant, sequences x max_new_tokens (Dr. GRPO, arXiv 2503.20783, which drops GRPO's
+    # 1/|o_i|); "grpo": each sequence's token mean, then the mean over sequences (DeepSeekMath's GRPO).
+    loss: Literal["dapo", "dr_grpo", "grpo"] = "dapo"
+    # Clip-higher: ratio clamped to [1 - clip_low, 1 + clip_high], DAPO's 0.2 and 0.28 (arXiv 2503.14476 Sec. 3.1;
+    # the 0.28 also in Unsloth's GRPO guide: "DAPO recommends 0.28"); torchtitan's DAPOLoss ratio_clip_low/high.
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    # Divide the advantage by the group's reward std (+1e-6, torchtitan's AdvantageEstimator): GRPO's; off as in
+    # Dr. GRPO (arXiv 2503.20783: std scaling biases towards too easy and too hard questions) and torchtitan's default.
+    std_scale: bool = False
+    # A completion cut at max_new_tokens: "mask" leaves its tokens out of the loss (DAPO's overlong filtering,
+    # arXiv 2503.14476 Sec. 3.4); "score" trains on it with its reward.
+    truncated: Literal["mask", "score"] = "mask"
+    # "pass_rate": the fraction of the task's tests passed (open-instruct's code reward, per issue 59); "pass_fail":
+    # 1 when all pass; "module:function": fn(prompt, completion, task) -> float, run in the same sandbox.
+    reward: str = "pass_rate"
+    reward_timeout_s: float = 2.0  # per completion (open-instruct: 1 s, per issue 59; doubled for 2 shared cores)
+    reward_memory_mb: int = 1024
+    # KL to the reference: 0, as TRL's GRPOConfig beta=0.0 (Unsloth's GRPO guide lists "beta (float, default 0.0)"),
+    # DAPO and OLMo 3's OlmoRL. Only 0 is built.
+    beta: float = 0.0
+
+    def __post_init__(self):
+        if self.beta != 0:
+            raise TableError(f"beta: {self.beta}: a KL to the reference is not built yet (only beta = 0, TRL's and "
+                             "DAPO's default: no reference model); issue 59 lists it as left")
+        at_least(self, 1, "prompts_per_step", "samples_per_prompt", "max_new_tokens", "reward_memory_mb", says="> 0")
+        at_least(self, 0, "top_k")
+        if self.samples_per_prompt < 2:
+            raise TableError(f"samples_per_prompt: {self.samples_per_prompt}: the advantage is the reward minus its "
+                             "group's mean, so a group needs >= 2 samples")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise TableError(f"temperature: must be > 0 (got {self.temperature}); held-out pass@1 is greedy")
+        if not 0 < self.top_p <= 1:
+            raise TableError(f"top_p: must be in (0, 1] (got {self.top_p})")
+        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
+            raise TableError(f"clip_low must be in [0, 1) and clip_high >= 0 (got {self.clip_low}, {self.clip_high})")
+        if not isinstance(self.held_out, float) or not 0 < self.held_out < 1:
+            raise TableError(f"held_out: a fraction in (0, 1) of the tasks (got {self.held_out!r})")
+        if not (math.isfinite(self.reward_timeout_s) and self.reward_timeout_s > 0):
+            raise TableError(f"reward_timeout_s: must be > 0 seconds (got {self.reward_timeout_s})")
+        if self.reward not in RL_REWARDS and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", self.reward):
+            raise TableError(f"reward: {self.reward!r}: one of {list(RL_REWARDS)} or 'module:function'")
+        if self.tasks is not None:
+            self.tasks = str(absolute(self.tasks))
+
+    def check(self, training: Training) -> None:
+        """What an RL run asks of ``[training]``: a step is prompts_per_step groups of samples_per_prompt
+        sequences, and a micro batch holds whole groups (each group's advantage needs all of it)."""
+        if self.tasks is None:
+            return
+        G, n = self.samples_per_prompt, self.prompts_per_step * self.samples_per_prompt
+        if training.global_batch != n:
+            raise TableError(f"global_batch: {training.global_batch}, but an RL step is prompts_per_step x "
+                             f"samples_per_prompt = {n} sequences: set global_batch = {n}", table="training")
+        if training.micro_batch % G:
+            raise TableError(f"micro_batch: {training.micro_batch} is not a multiple of samples_per_prompt {G}: a "
+                             "micro batch holds whole groups", table="training")
+        if training.spike_rollbacks:
+            raise TableError("spike_rollbacks: not available in an RL run (its batches are sampled)", table="training")
+
+
 @dataclass(kw_only=True)
 class Recipe:
     run: Run
@@ -414,6 +499,7 @@ class Recipe:
     eval: Eval = field(default_factory=Eval)
     launch: Launch = field(default_factory=Launch)
     preference: Preference = field(default_factory=Preference)
+    rl: Rl = field(default_factory=Rl)
     path: str = ""  # the file it came from (a train.recipe.loading.RecipeFile: it knows the --set keys)
     # Derived at load (train.recipe.checks.validation_sets), not a table: the held-out sets the run
     # validates on, by the name their metrics carry.
@@ -432,7 +518,7 @@ class Recipe:
     @property
     def objective(self) -> str:
         """The objective the run trains (train.recipe.objective: the one rule; train.objectives: its code)."""
-        return objective_of({"preference": {"loss": self.preference.loss},
+        return objective_of({"preference": {"loss": self.preference.loss}, "rl": {"tasks": self.rl.tasks},
                              "data": {"sources": [{"loss_weight": s.loss_weight} for s in self.data.sources]}})
 
     @property
