@@ -33,12 +33,12 @@ pass@1 (``eval/rl_pass@1``, EvalPlus's estimator), also at step 0 (the eval call
 from __future__ import annotations
 
 import functools
-import importlib.util
+import runpy
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
@@ -69,16 +69,12 @@ SUMS = ("reward", "reward_sq", "samples", "groups", "zero_std_groups", "group_st
 
 
 @functools.cache
-def dapo_module():
-    """torchtitan's ``losses/dapo.py``, loaded from its file: its own imports are torchtitan.components.loss and
-    torchtitan.config only, while its package's ``__init__`` imports vLLM."""
+def dapo_module() -> SimpleNamespace:
+    """torchtitan's ``losses/dapo.py``, run from its file (``runpy``, which holds it as a module while its
+    dataclasses are made): its own imports are torchtitan.components.loss and torchtitan.config only, while
+    its package's ``__init__`` imports vLLM."""
     path = Path(torchtitan.__file__).parent / "experiments" / "rl" / "losses" / "dapo.py"
-    spec = importlib.util.spec_from_file_location("_torchtitan_rl_dapo", path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return SimpleNamespace(**runpy.run_path(str(path), run_name="_torchtitan_rl_dapo"))
 
 
 def advantages(rewards: list[float], std_scale: bool) -> list[float]:
