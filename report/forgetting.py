@@ -46,7 +46,6 @@ import contextlib
 import csv
 import html
 import json
-import math
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field
@@ -479,7 +478,7 @@ def write_forgetting_report(folder: Path, out: Path | None = None, weights: list
                             code: list[str] | None = None, device: str | None = None) -> tuple[Path, list[str]]:
     """report.html, forgetting.png and forgetting.csv in ``out`` (default SWEEP_DIR/forgetting); returns the
     page and the lines printed."""
-    from report.page import STYLE, data_script, figure_sections
+    from report.page import STYLE, data_script, figure_sections, html_table
 
     folder = Path(folder)
     out = Path(out) if out is not None else folder / FIGURE
@@ -494,9 +493,7 @@ def write_forgetting_report(folder: Path, out: Path | None = None, weights: list
             row = asdict(q)
             w.writerow({k: "" if row[k] is None else row[k] for k in POINT_FIELDS})
     name = json.loads((folder / rundir.SWEEP_FILE).read_text()).get("name", folder.name)
-    table = "<table><tr>" + "".join(f"<th>{f}</th>" for f in POINT_FIELDS) + "</tr>" + "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_cell(asdict(q)[k]))}</td>" for k in POINT_FIELDS) + "</tr>"
-        for q in p.points) + "</table>"
+    table = html_table(POINT_FIELDS, [asdict(q) for q in p.points])
     parts = [f"<!doctype html>\n<html><head><meta charset='utf-8'><title>forgetting: {html.escape(name)}</title>",
              f"<style>{STYLE}</style></head><body><h1>forgetting: sweep {html.escape(name)}</h1>",
              "<pre>" + html.escape("\n".join(printed)) + "</pre>", "<h2>points</h2>", table,
@@ -506,12 +503,6 @@ def write_forgetting_report(folder: Path, out: Path | None = None, weights: list
     tmp.write_text("\n".join(parts))
     tmp.replace(page)
     return page, printed
-
-
-def _cell(value) -> str:
-    if value is None:
-        return ""
-    return f"{value:.6g}" if isinstance(value, float) and math.isfinite(value) else str(value)
 
 
 # ---- the command -------------------------------------------------------------------------------

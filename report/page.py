@@ -75,6 +75,17 @@ def _yes_no(recovered: bool | None) -> str:
     return "—" if recovered is None else ("yes" if recovered else "no")
 
 
+def html_table(fields: list[str], rows: list[dict]) -> str:
+    """An HTML table of ``rows`` by ``fields``: floats to 6 significant digits, None empty."""
+    def cell(value) -> str:
+        if value is None:
+            return ""
+        return f"{value:.6g}" if isinstance(value, float) and math.isfinite(value) else str(value)
+
+    return "<table><tr>" + "".join(f"<th>{f}</th>" for f in fields) + "</tr>" + "".join(
+        "<tr>" + "".join(f"<td>{html.escape(cell(r[f]))}</td>" for f in fields) + "</tr>" for r in rows) + "</table>"
+
+
 def figure_sections(figures: list[Figure]) -> list[str]:
     """A section per figure: its title, its PNG (when it drew anything) and its note."""
     parts = []

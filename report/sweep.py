@@ -224,14 +224,6 @@ def _signed(delta: float, metric: Metric) -> str:
     return f"{'better' if (delta > 0) == metric.higher_is_better else 'worse'} by {abs(delta):.3f}"
 
 
-def _cell(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}" if math.isfinite(value) else str(value)
-    return str(value)
-
-
 def write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
@@ -293,15 +285,10 @@ def write_sweep_report(folder: Path, out: Path | None = None) -> tuple[Path, lis
 
 
 def sweep_page(name: str, runs: list[SweepRun], c: Comparison, lines: list[str], out: Path) -> str:
-    from report.page import STYLE, data_script, figure_sections
+    from report.page import STYLE, data_script, figure_sections, html_table
 
     figures = sweep_figures(runs, out, c.metric)
-    table = "<table><tr>" + "".join(f"<th>{f}</th>" for f in SUMMARY_FIELDS) + "</tr>" + "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_cell(r[f]))}</td>" for f in SUMMARY_FIELDS) + "</tr>"
-        for r in c.summary) + "</table>"
-    runs_table = "<table><tr>" + "".join(f"<th>{f}</th>" for f in COMPARISON_FIELDS) + "</tr>" + "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_cell(r[f]))}</td>" for f in COMPARISON_FIELDS) + "</tr>"
-        for r in c.rows) + "</table>"
+    table, runs_table = html_table(SUMMARY_FIELDS, c.summary), html_table(COMPARISON_FIELDS, c.rows)
     parts = [f"<!doctype html>\n<html><head><meta charset='utf-8'><title>sweep {html.escape(name)}</title>",
              f"<style>{STYLE}</style></head><body><h1>sweep {html.escape(name)}</h1>",
              "<pre>" + html.escape("\n".join(lines)) + "</pre>", "<h2>summary</h2>", table,
